@@ -1,0 +1,256 @@
+"""`TrioActor`: a pykka actor whose loop is a trio task of its session's supervisor.
+
+It is built on pykka's extension points for new actor types
+(`_create_actor_inbox`, `_create_future`, `_start_actor_loop`) and keeps
+pykka's contract: `tell`, `ask`, proxies, `on_start` / `on_stop` /
+`on_failure`, `ActorDeadError` for mail to a dead actor. What differs, and why:
+
+* **Handlers return at once.** `on_receive` and proxied methods are plain
+  functions run on the trio thread. Long work is never awaited in a handler: a
+  handler that returns a coroutine (an `async def` method called through a
+  proxy, say) has that coroutine run as *work* in the actor's own nursery, under
+  its own cancel scope, and its result answers the ask. `start_work` does the
+  same for work nobody awaits. The mailbox stays responsive meanwhile.
+* **Errors go to whoever asked.** An exception in a handler or in work that
+  answers an ask is set on the asker's future. One that nobody would see (a
+  `tell`, or `start_work`) crashes the actor: `on_failure` runs and the
+  supervisor closes the session with an `ActorCrashed` error.
+* **Supervisor messages overtake.** `Abort` arrives through the inbox's urgent
+  lane; the actor runs `on_abort`, cancels all its work, waits until that work has
+  unwound and answers `AbortAck`. Only then does it read ordinary mail again.
+* **No global registry.** pykka's `ActorRegistry` is one locked list with O(n)
+  removal; a `TrioActor` is owned by its `Supervisor` instead, so closing a
+  session costs the same with ten or ten thousand sessions alive.
+* **Started inside a session.** `Supervisor.spawn(Cls, ...)` starts one (from any
+  thread); `Cls.start(...)` works from code already running in a session's actor.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from types import CoroutineType
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
+
+import pykka
+import trio
+from loguru import logger
+from pykka import ActorDeadError, ActorRef
+from pykka.messages import _ActorStop
+
+from runtime._future import TrioFuture
+from runtime._inbox import PriorityInbox
+from runtime.errors import NotInSession, WorkCancelled
+from runtime.messages import Abort, AbortAck, AbortReason
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Coroutine
+
+    from loguru import Logger
+    from pykka._actor import ActorInbox
+
+    from runtime.supervisor import Supervisor
+
+current_supervisor: contextvars.ContextVar[Supervisor] = contextvars.ContextVar(
+    "queryloop_current_supervisor"
+)
+"""The supervisor of the session whose code is running; set for every actor's task."""
+
+
+A = TypeVar("A", bound="TrioActor")
+
+
+class TrioActorRef(ActorRef[A]):
+    """pykka's `ActorRef`, with a `stop()` whose non-blocking future trio can await."""
+
+    def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
+        asked: TrioFuture[None] = self.ask(_ActorStop(), block=False)  # type: ignore[assignment]
+        stopped: TrioFuture[bool] = TrioFuture()
+
+        def settle(future: TrioFuture[None]) -> None:
+            try:
+                future.get_nowait()
+            except ActorDeadError:
+                stopped.set(False)  # it was already dead: pykka's answer
+            except Exception as error:  # noqa: BLE001 - handed to whoever reads the future
+                stopped.fail(error)
+            else:
+                stopped.set(True)
+
+        asked.add_done_callback(settle)
+        return stopped.get(timeout=timeout) if block else stopped
+
+
+class TrioActor(pykka.Actor):
+    """Base class of every queryloop actor. Subclass it as you would `pykka.ThreadingActor`."""
+
+    actor_name: ClassVar[str | None] = None
+    """Name used in logs and `AbortAck`s; the class name when not set."""
+
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        supervisor = current_supervisor.get(None)
+        if supervisor is None:
+            msg = (
+                f"{type(self).__name__} must be started inside a session: "
+                "use `supervisor.spawn(...)`, or `.start()` from a running actor"
+            )
+            raise NotInSession(msg)
+        super().__init__()
+        self._actor_ref = TrioActorRef(self)
+        self.supervisor: Supervisor = supervisor
+        self._work_nursery: trio.Nursery | None = None
+        self._work_scopes: set[trio.CancelScope] = set()
+        self._work_drained: trio.lowlevel.ParkingLot | None = None
+        self._log: Logger | None = None
+
+    # -- pykka's extension points -------------------------------------------------
+
+    @classmethod
+    def start(cls, *args: Any, **kwargs: Any) -> ActorRef[Self]:
+        """Construct the actor and start its loop in the current session (no global registry)."""
+        actor = cls(*args, **kwargs)
+        actor._start_actor_loop()
+        return actor.actor_ref
+
+    @staticmethod
+    def _create_actor_inbox() -> ActorInbox:
+        return PriorityInbox()
+
+    @staticmethod
+    def _create_future() -> TrioFuture[Any]:
+        return TrioFuture()
+
+    def _start_actor_loop(self) -> None:
+        self.supervisor._launch(self)  # noqa: SLF001 - the supervisor owns the actor's task
+
+    def _stop(self) -> None:
+        # pykka's version unregisters from the global registry and runs on_stop at
+        # once; ours leaves the loop, which runs on_stop on its way out.
+        self.actor_stopped.set()
+
+    # -- extension points of our own ----------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.actor_name or type(self).__name__
+
+    @property
+    def log(self) -> Logger:
+        """A loguru logger bound to this actor's session and name (made on first use)."""
+        if self._log is None:
+            self._log = logger.bind(session=self.supervisor.session_id, actor=self.name)
+        return self._log
+
+    def on_abort(self, reason: AbortReason) -> None:
+        """Called on `Abort`, before the actor's work is cancelled. Override to record what was cut."""
+
+    def start_work(self, async_fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run `async_fn(*args)` in this actor's nursery; an abort cancels it, an error crashes the actor."""
+        self._start_work(async_fn(*args), None)  # type: ignore[arg-type]
+
+    @property
+    def busy(self) -> int:
+        """How many work tasks of this actor are running."""
+        return len(self._work_scopes)
+
+    # -- the loop -------------------------------------------------------------------
+
+    async def _actor_main(self) -> None:
+        crashed = False
+        try:
+            async with trio.open_nursery() as work:
+                self._work_nursery = work
+                self.on_start()
+                await self._serve()
+                work.cancel_scope.cancel()
+        except* Exception as group:  # noqa: BLE001 - a crash of this actor, reported below
+            crashed = True
+            self._crash(group)
+        finally:
+            self._work_nursery = None
+            self.actor_stopped.set()
+            if not crashed:
+                try:
+                    self.on_stop()
+                except Exception:
+                    self.log.exception("on_stop raised")
+            self._fail_undelivered()
+
+    async def _serve(self) -> None:
+        inbox: PriorityInbox = self.actor_inbox  # type: ignore[assignment]
+        stopped = self.actor_stopped
+        while not stopped.is_set():
+            envelope = await inbox.receive()
+            message = envelope.message
+            reply_to: TrioFuture[Any] | None = envelope.reply_to  # type: ignore[assignment]
+            if type(message) is Abort:
+                await self._abort(message, reply_to)
+                continue
+            try:
+                response = self._handle_receive(message)
+            except Exception as error:
+                if reply_to is None:
+                    raise
+                reply_to.fail(error)
+                continue
+            if type(response) is CoroutineType:
+                self._start_work(response, reply_to)
+            elif reply_to is not None:
+                reply_to.set(response)
+
+    def _start_work(self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None) -> None:
+        nursery = self._work_nursery
+        if nursery is None:
+            coro.close()
+            msg = f"{self} is not running"
+            raise ActorDeadError(msg)
+        nursery.start_soon(self._run_work, coro, reply_to)
+
+    async def _run_work(self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None) -> None:
+        scope = trio.CancelScope()
+        scopes = self._work_scopes
+        scopes.add(scope)
+        try:
+            with scope:
+                result = await coro
+                if reply_to is not None:
+                    reply_to.set(result)
+        except Exception as error:
+            if reply_to is None:
+                raise
+            reply_to.fail(error)
+        finally:
+            scopes.discard(scope)
+            if reply_to is not None and not reply_to.done():
+                reply_to.fail(WorkCancelled(f"{self.name}: work cancelled before it answered"))
+            if not scopes and self._work_drained is not None:
+                self._work_drained.unpark_all()
+
+    async def _abort(self, message: Abort, reply_to: TrioFuture[Any] | None) -> None:
+        self.on_abort(message.reason)
+        scopes = self._work_scopes
+        cancelled = len(scopes)
+        for scope in scopes:
+            scope.cancel()
+        if scopes:
+            if self._work_drained is None:
+                self._work_drained = trio.lowlevel.ParkingLot()
+            while scopes:
+                await self._work_drained.park()
+        if reply_to is not None:
+            reply_to.set(AbortAck(actor=self.name, cancelled_work=cancelled))
+
+    def _crash(self, group: BaseExceptionGroup[Exception]) -> None:
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+            error = error.exceptions[0]
+        self.actor_stopped.set()
+        self.log.opt(exception=error).error("actor crashed")
+        try:
+            self.on_failure(type(error), error, error.__traceback__)
+        except Exception:
+            self.log.exception("on_failure raised")
+        self.supervisor._actor_crashed(self, error)  # noqa: SLF001
+
+    def _fail_undelivered(self) -> None:
+        inbox: PriorityInbox = self.actor_inbox  # type: ignore[assignment]
+        inbox.close(f"{self} stopped before handling the message")

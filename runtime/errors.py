@@ -1,0 +1,41 @@
+"""Exceptions of the runtime kernel. Every one names what went wrong and what to do."""
+
+from __future__ import annotations
+
+
+class QueryloopError(Exception):
+    """Base of every error raised by queryloop itself."""
+
+
+class BlockingCallOnTrioThread(QueryloopError, RuntimeError):
+    """A blocking wait was attempted on a thread that runs a trio loop.
+
+    Blocking that thread would stop every actor it schedules, including the one
+    that would have answered: a deadlock. Await instead.
+    """
+
+
+class NotInSession(QueryloopError, RuntimeError):
+    """A `TrioActor` was constructed outside a session's supervisor."""
+
+
+class ActorCrashed(QueryloopError):
+    """An actor of a session raised; its session was closed, other sessions run on.
+
+    The original exception is the `__cause__`.
+    """
+
+    def __init__(self, session_id: str, actor: str, error: BaseException) -> None:
+        super().__init__(f"actor {actor!r} of session {session_id!r} crashed: {error!r}")
+        self.session_id = session_id
+        self.actor = actor
+        self.error = error
+        self.__cause__ = error
+
+
+class WorkCancelled(QueryloopError):
+    """The actor's work that would have answered this ask was cancelled by an abort or a close."""
+
+
+class SessionClosed(QueryloopError):
+    """The session's actor group is closed; nothing more can be started in it."""

@@ -1,0 +1,338 @@
+"""The kernel: TrioActor on pykka's extension points, its future, inbox and supervisor."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pydantic
+import pykka
+import pytest
+import trio
+import trio.testing
+
+from runtime import (
+    Abort,
+    AbortAck,
+    ActorCrashed,
+    BlockingCallOnTrioThread,
+    NotInSession,
+    Runtime,
+    SessionClosed,
+    TrioActor,
+    TrioFuture,
+    WorkCancelled,
+)
+
+
+class Recorder(TrioActor):
+    """Records what it handled and in which order; a small calculator through its proxy."""
+
+    def __init__(self, log: list[Any] | None = None) -> None:
+        super().__init__()
+        self.handled: list[Any] = [] if log is None else log
+        self.thread = 0
+
+    def on_receive(self, message: Any) -> Any:
+        self.handled.append(message)
+        self.thread = threading.get_ident()
+        return ("echo", message)
+
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def fail(self) -> None:
+        raise ValueError("bad input")
+
+    async def slow_double(self, x: int, seconds: float) -> int:
+        await trio.sleep(seconds)
+        return 2 * x
+
+
+async def test_tell_ask_and_proxy_from_the_trio_thread() -> None:
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Recorder)
+        ref.tell("told")
+        assert await ref.ask("asked", block=False) == ("echo", "asked")
+        proxy = ref.proxy()
+        assert await proxy.add(2, 3) == 5
+        assert await proxy.handled == ["told", "asked"]
+        assert await proxy.thread == threading.get_ident()  # handlers run on the trio thread
+
+
+async def test_tell_ask_and_proxy_from_a_foreign_thread() -> None:
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Recorder)
+        trio_thread = threading.get_ident()
+
+        def from_thread() -> tuple[Any, ...]:
+            assert threading.get_ident() != trio_thread
+            ref.tell("told from thread")
+            answer = ref.ask("asked from thread", timeout=5)
+            proxy = ref.proxy()
+            total = proxy.add(20, 22).get(timeout=5)
+            doubled = proxy.slow_double(8, 0.001).get(timeout=5)
+            spawned = group.spawn(Recorder)  # spawning from a thread too
+            return answer, total, doubled, spawned.ask("hi", timeout=5)
+
+        answer, total, doubled, spawned_answer = await trio.to_thread.run_sync(from_thread)
+        assert answer == ("echo", "asked from thread")
+        assert (total, doubled, spawned_answer) == (42, 16, ("echo", "hi"))
+        assert await ref.proxy().handled == ["told from thread", "asked from thread"]
+        assert await ref.proxy().thread == threading.get_ident()
+
+
+async def test_abort_overtakes_10000_queued_ordinary_messages() -> None:
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        handled: list[Any] = []
+
+        class Counting(Recorder):
+            def on_abort(self, reason: str) -> None:
+                self.handled.append(("abort", reason))
+
+        ref = group.spawn(Counting, handled)
+        await ref.ask("ready", block=False)
+        handled.clear()
+        # Queued without a checkpoint in between: the actor has not run yet.
+        for i in range(10_000):
+            ref.tell(i)
+        ack = await ref.ask(Abort(reason="user"), block=False)
+        assert ack == AbortAck(actor="Counting", cancelled_work=0)
+        assert handled[0] == ("abort", "user")
+        await trio.testing.wait_all_tasks_blocked()
+        assert handled[1:] == list(range(10_000))  # ordinary mail keeps its order
+
+
+async def test_crash_in_one_session_leaves_another_session_running() -> None:
+    async with Runtime.open() as runtime:
+        doomed = await runtime.start_group()
+        healthy = await runtime.start_group()
+        crashes: list[ActorCrashed] = []
+        doomed.add_crash_listener(crashes.append)
+        bystander = doomed.spawn(Recorder)
+        victim = doomed.spawn(Recorder)
+        survivor = healthy.spawn(Recorder)
+
+        victim.proxy().fail.defer()  # a tell: nobody to hand the error to, so the actor crashes
+        await doomed.wait_closed()
+
+        assert isinstance(doomed.failure, ActorCrashed)
+        assert isinstance(doomed.failure.error, ValueError)
+        assert doomed.failure.actor == "Recorder"
+        assert crashes == [doomed.failure]
+        assert not bystander.is_alive() and not victim.is_alive()  # one for all, within the session
+        assert doomed.live_tasks() == 0
+        assert healthy.failure is None
+        assert await survivor.ask("still here", block=False) == ("echo", "still here")
+        assert set(runtime.groups) == {healthy.session_id}
+
+
+async def test_error_in_an_ask_goes_to_the_asker_and_the_actor_lives_on() -> None:
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Recorder)
+        with pytest.raises(ValueError, match="bad input"):
+            await ref.proxy().fail()
+        assert await ref.ask("after", block=False) == ("echo", "after")
+        assert group.failure is None
+
+
+async def test_no_task_of_a_session_runs_after_its_close(autojump_clock: trio.testing.MockClock) -> None:
+    progress: list[str] = []
+
+    class Worker(TrioActor):
+        async def forever(self, label: str) -> None:
+            try:
+                while True:
+                    await trio.sleep(1)
+                    progress.append(label)
+            finally:
+                progress.append(f"{label} unwound")
+
+        def on_receive(self, message: Any) -> None:
+            self.start_work(self.forever, message)
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        first, second = group.spawn(Worker), group.spawn(Worker)
+        first.tell("a")
+        second.tell("b")
+        pending = first.proxy().forever("asked")
+        await trio.sleep(2.5)
+        assert group.live_tasks() == 5  # two actors, three pieces of work
+        await group.close()
+        assert group.live_tasks() == 0
+        assert sorted(p for p in progress if p.endswith("unwound")) == [
+            "a unwound",
+            "asked unwound",
+            "b unwound",
+        ]
+        seen = len(progress)
+        await trio.sleep(10)
+        assert len(progress) == seen  # nothing of the session ran after close() returned
+        with pytest.raises(WorkCancelled):
+            await pending
+        with pytest.raises(pykka.ActorDeadError):
+            await first.ask("late", block=False)
+        with pytest.raises(SessionClosed):
+            group.spawn(Worker)
+
+
+async def test_blocking_get_on_the_trio_thread_raises_instead_of_deadlocking() -> None:
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Recorder)
+        with pytest.raises(BlockingCallOnTrioThread, match="await"):
+            ref.ask("blocking")  # pykka's default block=True
+        future = ref.ask("later", block=False)
+        with pytest.raises(BlockingCallOnTrioThread):
+            future.get()
+        assert await future == ("echo", "later")
+        with pytest.raises(BlockingCallOnTrioThread):
+            future.get()  # deterministic: raised even when the value is there
+
+
+async def test_handler_work_keeps_the_mailbox_responsive(autojump_clock: trio.testing.MockClock) -> None:
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Recorder)
+        slow = ref.proxy().slow_double(21, 60)
+        start = trio.current_time()
+        assert await ref.ask("meanwhile", block=False) == ("echo", "meanwhile")
+        assert trio.current_time() == start  # answered while the slow work is still running
+        assert await slow == 42
+        assert trio.current_time() - start == pytest.approx(60)
+
+
+async def test_abort_cancels_work_and_acks_after_it_unwound(autojump_clock: trio.testing.MockClock) -> None:
+    events: list[str] = []
+
+    class Tool(TrioActor):
+        async def run(self) -> str:
+            try:
+                await trio.sleep(100)
+                return "finished"
+            finally:
+                events.append("work unwound")
+
+        def on_abort(self, reason: str) -> None:
+            events.append(f"on_abort {reason} busy={self.busy}")
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Tool)
+        pending = ref.proxy().run()
+        await trio.testing.wait_all_tasks_blocked()
+        acks = await group.abort("interrupt")
+        events.append("acked")
+        assert acks == [AbortAck(actor="Tool", cancelled_work=1)]
+        assert events == ["on_abort interrupt busy=1", "work unwound", "acked"]
+        with pytest.raises(WorkCancelled):
+            await pending
+        assert await group.abort("user") == [AbortAck(actor="Tool", cancelled_work=0)]  # idempotent
+        assert group.failure is None and group.live_tasks() == 1
+
+
+async def test_lifecycle_hooks_on_start_on_stop_on_failure() -> None:
+    calls: list[str] = []
+
+    class Hooked(TrioActor):
+        def on_start(self) -> None:
+            calls.append("start")
+
+        def on_stop(self) -> None:
+            calls.append("stop")
+
+        def on_failure(self, exc_type: Any, exc: Any, tb: Any) -> None:
+            calls.append(f"failure {exc_type.__name__}")
+
+        def on_receive(self, message: Any) -> None:
+            if message == "boom":
+                raise RuntimeError("boom")
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Hooked)
+        await ref.ask("ping", block=False)
+        assert await ref.stop(block=False) is True
+        assert calls == ["start", "stop"]
+        assert not ref.is_alive()
+
+        calls.clear()
+        crashing = await runtime.start_group()
+        crashing.spawn(Hooked).tell("boom")
+        await crashing.wait_closed()
+        assert calls == ["start", "failure RuntimeError"]  # on_stop is not run after a failure
+
+
+async def test_actor_started_outside_a_session_is_a_clear_error() -> None:
+    with pytest.raises(NotInSession, match=r"supervisor\.spawn"):
+        Recorder.start()
+
+
+async def test_actor_can_start_a_sibling_in_its_own_session() -> None:
+    class Parent(TrioActor):
+        def on_receive(self, message: Any) -> Any:
+            return Recorder.start()
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        child = await group.spawn(Parent).ask("spawn", block=False)
+        assert await child.ask("hi", block=False) == ("echo", "hi")
+        assert len(group.actors) == 2
+
+
+async def test_future_derivations_are_awaitable_and_thread_gettable() -> None:
+    a: TrioFuture[int] = TrioFuture()
+    b: TrioFuture[int] = TrioFuture()
+    doubled = a.map(lambda x: x * 2)
+    both = a.join(b)
+    total = both.reduce(lambda x, y: x + y)
+    big = both.filter(lambda x: x > 5)
+    a.set(3)
+    b.set(10)
+    assert await doubled == 6
+    assert list(await both) == [3, 10]
+    assert await total == 13
+    assert list(await big) == [10]
+
+    late: TrioFuture[str] = TrioFuture()
+    timed_out = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def get_in_thread() -> str:
+        with pytest.raises(pykka.Timeout):
+            late.get(timeout=0.001)
+        trio.from_thread.run_sync(timed_out.set, trio_token=token)
+        return late.get(timeout=5)
+
+    async with trio.open_nursery() as nursery:
+        results: list[str] = []
+
+        async def reader() -> None:
+            results.append(await trio.to_thread.run_sync(get_in_thread))
+
+        nursery.start_soon(reader)
+        await timed_out.wait()
+        late.set("from trio")
+    assert results == ["from trio"]
+
+
+async def test_awaiting_a_future_is_cancellable() -> None:
+    never: TrioFuture[int] = TrioFuture()
+    with trio.move_on_after(0.001) as scope:
+        await never
+    assert scope.cancelled_caught
+    never.set(1)  # no waiter left to wake: must not raise
+    assert await never == 1
+
+
+def test_supervisor_messages_are_frozen_and_validated() -> None:
+    abort = Abort(reason="interrupt")
+    with pytest.raises(pydantic.ValidationError):
+        abort.reason = "user"  # type: ignore[misc]
+    with pytest.raises(pydantic.ValidationError, match="reason"):
+        Abort(reason="whenever")
