@@ -38,9 +38,7 @@ class Idle(TrioActor):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--asks", type=int, default=20_000, help="round-trips per timed round")
-    parser.add_argument(
-        "--rounds", type=int, default=7, help="alternating rounds; the best of each side counts"
-    )
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds; the best of each side counts")
     parser.add_argument("--sessions", default="100,1000,10000", help="live idle groups during (b)")
     parser.add_argument("--cycles", type=int, default=300, help="start+teardown cycles timed per level")
 

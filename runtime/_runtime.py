@@ -5,14 +5,20 @@ from __future__ import annotations
 import itertools
 import secrets
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from runtime.options import QueryOptions
+from runtime.session import Session
 from runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
+
+    from pykka import ActorRef
+
+    from actors.budget_guard import BudgetGuard
 
 
 class Runtime:
@@ -23,6 +29,8 @@ class Runtime:
         self._groups: dict[str, Supervisor] = {}
         self._prefix = secrets.token_hex(3)
         self._ids = itertools.count(1)
+        self.host_budget: ActorRef[BudgetGuard] | None = None
+        """A host-wide BudgetGuard every new session reports its spend to (optional)."""
 
     @classmethod
     @asynccontextmanager
@@ -42,6 +50,24 @@ class Runtime:
 
     def new_session_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
+
+    async def open_session(self, options: QueryOptions | None = None, **fields: Any) -> Session:
+        """Start a session's actor group; `options` (or the fields of one) configure its queries."""
+        from actors.budget_guard import BudgetGuard
+        from actors.model_caller import ModelCaller
+        from actors.query_loop import QueryLoop
+        from actors.tool_executor import StreamingToolExecutor
+
+        options = options or QueryOptions(**fields)
+        if options.provider is None:
+            msg = "QueryOptions.provider is required: a ScriptedModel offline, an AnthropicModel for the API"
+            raise ValueError(msg)
+        group = await self.start_group()
+        budget = group.spawn(BudgetGuard, parent=self.host_budget)
+        executor = group.spawn(StreamingToolExecutor)
+        caller = group.spawn(ModelCaller, options.provider, executor=executor)
+        loop = group.spawn(QueryLoop, model_caller=caller, executor=executor, budget_guard=budget)
+        return Session(group, options, loop)
 
     async def start_group(self, session_id: str | None = None) -> Supervisor:
         """Open an empty actor group for a session; `Supervisor.spawn` fills it."""

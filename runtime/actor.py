@@ -50,9 +50,7 @@ if TYPE_CHECKING:
 
     from runtime.supervisor import Supervisor
 
-current_supervisor: contextvars.ContextVar[Supervisor] = contextvars.ContextVar(
-    "queryloop_current_supervisor"
-)
+current_supervisor: contextvars.ContextVar[Supervisor] = contextvars.ContextVar("queryloop_current_supervisor")
 """The supervisor of the session whose code is running; set for every actor's task."""
 
 
@@ -101,6 +99,7 @@ class TrioActor(pykka.Actor):
         self._work_scopes: set[trio.CancelScope] = set()
         self._work_drained: trio.lowlevel.ParkingLot | None = None
         self._log: Logger | None = None
+        self._stop_reply: TrioFuture[Any] | None = None
 
     # -- pykka's extension points -------------------------------------------------
 
@@ -122,11 +121,6 @@ class TrioActor(pykka.Actor):
     def _start_actor_loop(self) -> None:
         self.supervisor._launch(self)  # noqa: SLF001 - the supervisor owns the actor's task
 
-    def _stop(self) -> None:
-        # pykka's version unregisters from the global registry and runs on_stop at
-        # once; ours leaves the loop, which runs on_stop on its way out.
-        self.actor_stopped.set()
-
     # -- extension points of our own ----------------------------------------------
 
     @property
@@ -143,9 +137,15 @@ class TrioActor(pykka.Actor):
     def on_abort(self, reason: AbortReason) -> None:
         """Called on `Abort`, before the actor's work is cancelled. Override to record what was cut."""
 
-    def start_work(self, async_fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Run `async_fn(*args)` in this actor's nursery; an abort cancels it, an error crashes the actor."""
-        self._start_work(async_fn(*args), None)  # type: ignore[arg-type]
+    def start_work(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, abortable: bool = True) -> None:
+        """Run `async_fn(*args)` in this actor's nursery; an error in it crashes the actor.
+
+        An `Abort` cancels abortable work (and waits for it) before it is acked.
+        Work started with `abortable=False` is left to the actor's `on_abort`, for
+        work that must itself finish the job an abort interrupts; closing the
+        session still cancels it.
+        """
+        self._start_work(async_fn(*args), None, abortable=abortable)  # type: ignore[arg-type]
 
     @property
     def busy(self) -> int:
@@ -174,6 +174,8 @@ class TrioActor(pykka.Actor):
                 except Exception:
                     self.log.exception("on_stop raised")
             self._fail_undelivered()
+            if self._stop_reply is not None:
+                self._stop_reply.set(None)
 
     async def _serve(self) -> None:
         inbox: PriorityInbox = self.actor_inbox  # type: ignore[assignment]
@@ -185,6 +187,10 @@ class TrioActor(pykka.Actor):
             if type(message) is Abort:
                 await self._abort(message, reply_to)
                 continue
+            if type(message) is _ActorStop:
+                # pykka answers a stop once on_stop has run: the reply waits for the teardown.
+                self._stop_reply = reply_to
+                return
             try:
                 response = self._handle_receive(message)
             except Exception as error:
@@ -197,17 +203,22 @@ class TrioActor(pykka.Actor):
             elif reply_to is not None:
                 reply_to.set(response)
 
-    def _start_work(self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None) -> None:
+    def _start_work(
+        self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, *, abortable: bool = True
+    ) -> None:
         nursery = self._work_nursery
         if nursery is None:
             coro.close()
             msg = f"{self} is not running"
             raise ActorDeadError(msg)
-        nursery.start_soon(self._run_work, coro, reply_to)
+        nursery.start_soon(self._run_work, coro, reply_to, abortable)
 
-    async def _run_work(self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None) -> None:
+    async def _run_work(
+        self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, abortable: bool = True
+    ) -> None:
         scope = trio.CancelScope()
-        scopes = self._work_scopes
+        # Only abortable work is registered: its scopes are what an Abort cancels and waits for.
+        scopes = self._work_scopes if abortable else set()
         scopes.add(scope)
         try:
             with scope:

@@ -78,9 +78,7 @@ class Supervisor:
     def spawn(self, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorRef[A]:
         """Start `actor_class(*args, **kwargs)` in this session and return its ref."""
         if threading.get_ident() != self._thread:
-            return trio.from_thread.run_sync(
-                lambda: self.spawn(actor_class, *args, **kwargs), trio_token=self._token
-            )
+            return trio.from_thread.run_sync(lambda: self.spawn(actor_class, *args, **kwargs), trio_token=self._token)
         reset = current_supervisor.set(self)
         try:
             return actor_class.start(*args, **kwargs)
@@ -107,9 +105,7 @@ class Supervisor:
             return trio.from_thread.run(self.abort, reason, trio_token=self._token)
         message = Abort(reason=reason)
         futures = [
-            actor.actor_ref.ask(message, block=False)
-            for actor in self.actors
-            if not actor.actor_stopped.is_set()
+            actor.actor_ref.ask(message, block=False) for actor in self.actors if not actor.actor_stopped.is_set()
         ]
         acks: list[AbortAck] = []
         for future in futures:
@@ -143,9 +139,7 @@ class Supervisor:
     def _actor_crashed(self, actor: TrioActor, error: BaseException) -> None:
         if self.failure is None:
             self.failure = ActorCrashed(self.session_id, actor.name, error)
-            logger.bind(session=self.session_id).error(
-                "session closed: actor {} crashed with {!r}", actor.name, error
-            )
+            logger.bind(session=self.session_id).error("session closed: actor {} crashed with {!r}", actor.name, error)
             for listener in self._crash_listeners:
                 listener(self.failure)
         if self._nursery is not None:

@@ -1,0 +1,178 @@
+"""ModelCaller: streams one model call into the QueryLoop's turn channel.
+
+For a `StartCall` it runs the call as abortable work (an abort closes the
+provider's stream, so billing stops) and sends, in production order:
+every raw event as a `StreamEvent`, an `AssistantMessage` for each content
+block as it completes, and a final `CallEnded`. Each completed `tool_use`
+goes to the StreamingToolExecutor right after its message, while the stream
+still runs; a `tool_use` cut off by `max_tokens` goes too, marked so that it is
+answered with an error and never run.
+
+Errors: 429 / 529 / 5xx / a cut connection are retried with backoff
+(honouring `retry-after`) up to `max_retries` times, but only while nothing of
+that request has been emitted; each retry is announced with a
+`system:api_retry` message. Prompt-too-long and `max_tokens` truncation are
+*withheld*: `CallEnded.withheld` carries the error message for the QueryLoop's
+recovery instead of emitting it. A fallback request ends the call with
+`CallEnded.fallback`.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import trio
+from pydantic import ConfigDict
+
+from actors.tool_executor import AddTool
+from runtime.actor import TrioActor
+from runtime.events import AssistantMessage, StreamEvent, SystemMessage, Usage
+from runtime.messages import Message
+from runtime.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
+from runtime.stream import CompletedBlock, ResponseAssembler
+
+if TYPE_CHECKING:
+    from pykka import ActorRef
+
+    from actors.tool_executor import StreamingToolExecutor
+
+PROMPT_TOO_LONG_ERROR_MESSAGE = "Prompt is too long"
+
+
+def max_output_tokens_message(max_tokens: int) -> str:
+    return (
+        f"Claude's response exceeded the {max_tokens} output token maximum. "
+        "To configure this behavior, set the max_output_tokens option."
+    )
+
+
+class StartCall(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    request: ModelRequest
+    sink: trio.MemorySendChannel[Any]
+    max_retries: int
+
+
+class CallEnded(Message):
+    """The last item a call sends to the turn channel."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    stop_reason: str | None = None
+    usage: Usage = Usage()
+    withheld: AssistantMessage | None = None
+    """A prompt-too-long or max-output-tokens error message, held back for recovery."""
+    error: ModelError | None = None
+    """The call failed for good (after retries); not withheld."""
+    fallback: bool = False
+
+
+class _Progress:
+    """Whether the current request has emitted anything: only an unseen failure may be retried."""
+
+    __slots__ = ("emitted",)
+
+    def __init__(self) -> None:
+        self.emitted = False
+
+
+class ModelCaller(TrioActor):
+    actor_name = "ModelCaller"
+
+    def __init__(
+        self,
+        provider: ModelProvider,
+        *,
+        executor: ActorRef[StreamingToolExecutor] | None = None,
+        retry_base_s: float = 0.5,
+        retry_max_s: float = 8.0,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.provider = provider
+        self.executor = executor
+        self.retry_base_s = retry_base_s
+        self.retry_max_s = retry_max_s
+        self._random = random.Random(seed)
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, StartCall):
+            self.start_work(self._call, message)
+            return None
+        return super().on_receive(message)
+
+    def retry_delay(self, attempt: int, error: ModelError) -> float:
+        """Seconds before retry `attempt` (0-based): the server's `retry-after` wins, else jittered backoff."""
+        if error.retry_after is not None:
+            return float(error.retry_after)
+        backoff: float = min(self.retry_base_s * 2**attempt, self.retry_max_s)
+        return backoff * self._random.uniform(0.75, 1.0)
+
+    async def _call(self, call: StartCall) -> None:
+        attempt = 0
+        while True:
+            progress = _Progress()
+            try:
+                ended = await self._stream_once(call, progress)
+            except FallbackTriggered:
+                ended = CallEnded(fallback=True)
+            except ModelError as error:
+                if error.retryable and not progress.emitted and attempt < call.max_retries:
+                    attempt += 1
+                    await self._announce_retry_and_wait(call, error, attempt)
+                    continue
+                withheld = None
+                if error.kind == "prompt_too_long":
+                    withheld = _api_error(call, PROMPT_TOO_LONG_ERROR_MESSAGE)
+                ended = CallEnded(withheld=withheld, error=error)
+            await call.sink.send(ended)
+            return
+
+    async def _stream_once(self, call: StartCall, progress: _Progress) -> CallEnded:
+        """One request: forward its events, hand over its blocks; the end, or the provider's error."""
+        assembler = ResponseAssembler()
+        async with aclosing(self.provider.stream(call.request)) as stream:
+            async for raw in stream:
+                progress.emitted = True
+                await call.sink.send(StreamEvent(event=raw))
+                completed = assembler.feed(raw)
+                if completed is not None:
+                    await self._hand_over(completed, assembler, call)
+        if not assembler.stopped:
+            raise ModelError("connection", "stream ended before message_stop")
+        for cut in assembler.close_truncated():
+            await self._hand_over(cut, assembler, call)
+        withheld = None
+        if assembler.stop_reason == "max_tokens":
+            withheld = _api_error(call, max_output_tokens_message(call.request.max_tokens))
+        return CallEnded(stop_reason=assembler.stop_reason, usage=assembler.usage, withheld=withheld)
+
+    async def _announce_retry_and_wait(self, call: StartCall, error: ModelError, attempt: int) -> None:
+        delay = self.retry_delay(attempt - 1, error)
+        await call.sink.send(
+            SystemMessage(
+                subtype="api_retry",
+                content=f"API error ({error.kind}); retrying in {delay:.1f}s (attempt {attempt}/{call.max_retries})",
+                data={"attempt": attempt, "delay_s": delay, "kind": error.kind},
+            )
+        )
+        await trio.sleep(delay)
+
+    async def _hand_over(self, completed: CompletedBlock, assembler: ResponseAssembler, call: StartCall) -> None:
+        # The message goes first: a tool is only ever started for a block the loop has seen.
+        message = AssistantMessage(message_id=assembler.message_id, model=call.request.model, content=[completed.block])
+        await call.sink.send(message)
+        if completed.block.get("type") == "tool_use" and self.executor is not None:
+            self.executor.tell(AddTool(block=completed.block, input_error=completed.input_error))
+
+
+def _api_error(call: StartCall, text: str) -> AssistantMessage:
+    return AssistantMessage(
+        message_id="api_error",
+        model=call.request.model,
+        content=[{"type": "text", "text": text}],
+        is_api_error=True,
+    )

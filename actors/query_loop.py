@@ -1,0 +1,631 @@
+"""QueryLoop: owns the loop `State` and the session's conversation; runs queries.
+
+A `RunQuery` starts the query as *non-abortable* work of this actor: an abort
+must not kill the loop, the loop must end the query itself as seed 000 says.
+So `on_abort` only records the reason and cancels the current *phase* (the
+model stream and tool wait, or the stop hooks); the loop then takes the abort
+path: what the executor finished, synthetic `Interrupted by user` results for
+the rest, an interruption message unless the reason is `interrupt`, and the
+`result` event. The ModelCaller's and the executor's work is abortable and
+is cancelled by the same `Abort` broadcast.
+
+One iteration: (top: issue 4 adds the pending summary and compaction)
+`stream_request_start` → model call (fallback retries inside) → the decisions
+of `runtime.decisions`, in the reference's check order → a continue site of
+`runtime.state` or a `Terminal`. Events are emitted in production order to the
+query's bounded channel; transcript messages are appended to the conversation
+as they are emitted, so the conversation is always what the consumer saw.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+from pydantic import ConfigDict
+
+from actors.budget_guard import BeginQuery, BudgetStatus, RecordUsage
+from actors.model_caller import CallEnded, StartCall
+from actors.tool_executor import BeginTurn, Discard, RemainingResults, ToolResult
+from runtime.actor import TrioActor
+from runtime.decisions import (
+    abort_terminal,
+    max_output_tokens_action,
+    max_turns_reached,
+    result_is_error,
+    result_subtype,
+)
+from runtime.errors import QueryloopError
+from runtime.events import (
+    AssistantMessage,
+    AttachmentMessage,
+    Event,
+    ProgressEvent,
+    ResultMessage,
+    StreamEvent,
+    StreamRequestStart,
+    SystemMessage,
+    TombstoneEvent,
+    TranscriptMessage,
+    Usage,
+    UserMessage,
+)
+from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
+from runtime.messages import Abort, AbortReason, Message
+from runtime.model import ModelError, ModelRequest
+from runtime.options import DEFAULT_SYSTEM_PROMPT, QueryOptions
+from runtime.state import (
+    MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
+    ContinueReason,
+    State,
+    Terminal,
+    max_output_tokens_escalate,
+    max_output_tokens_recovery,
+    next_turn,
+    stop_hook_blocking,
+)
+from runtime.transcript import (
+    INTERRUPT_MESSAGE,
+    INTERRUPT_MESSAGE_FOR_TOOL_USE,
+    INTERRUPTED_BY_USER,
+    build_system_prompt,
+    messages_after_compact_boundary,
+    missing_tool_results,
+    normalize_messages_for_api,
+    strip_signature_blocks,
+    user_context_message,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pykka import ActorRef
+
+    from actors.budget_guard import BudgetGuard
+    from actors.model_caller import ModelCaller
+    from actors.tool_executor import StreamingToolExecutor
+
+TURN_BUFFER = 256
+"""Items a model call and its tools may queue before they wait for the loop (backpressure)."""
+
+_TRANSCRIPT_TYPES = (UserMessage, AssistantMessage, SystemMessage, AttachmentMessage)
+
+
+class QueryInProgress(QueryloopError):
+    """A query is already running in this session."""
+
+
+class QueryControl:
+    """Shared by a query's handle and the loop, on the trio thread: the abort request.
+
+    The session sets `abort_reason` before broadcasting `Abort`, so an abort that
+    overtakes the `RunQuery` in the mailbox still reaches the query.
+    """
+
+    __slots__ = ("abort_reason",)
+
+    def __init__(self) -> None:
+        self.abort_reason: AbortReason | None = None
+
+
+class RunQuery(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    prompt: UserMessage
+    options: QueryOptions
+    sink: trio.MemorySendChannel[Any]
+    control: QueryControl
+
+
+class GetConversation(Message):
+    """Answered with a copy of the session's conversation."""
+
+
+class Settled(Message):
+    """Sent to the query's channel just before `result`: how the query ended (the handle keeps it)."""
+
+    terminal: Terminal
+    transitions: list[ContinueReason]
+
+
+class _BudgetExceeded(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One model call and its tools."""
+
+    receive: trio.MemoryReceiveChannel[Any]
+    assistant_messages: list[AssistantMessage] = field(default_factory=list)
+    tool_results: list[TranscriptMessage] = field(default_factory=list)
+    tool_ids: list[str] = field(default_factory=list)
+    pending: set[str] = field(default_factory=set)
+    ended: CallEnded | None = None
+    prevent_continuation: bool = False
+
+
+@dataclass(slots=True)
+class _Run:
+    """One query's mutable context (the reference's toolUseContext): model, abort, accounting."""
+
+    options: QueryOptions
+    sink: trio.MemorySendChannel[Any]
+    control: QueryControl
+    model: str
+    system: list[dict[str, Any]]
+    tool_schemas: list[dict[str, Any]]
+    started: float
+    turn_count: int = 1
+    transitions: list[ContinueReason] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    last_stop_reason: str | None = None
+    last_text: str = ""
+    last_message_id: str = ""
+    api_error_surfaced: bool = False
+    phase: trio.CancelScope | None = None
+    consumer_open: bool = True
+    budget_exceeded: bool = False
+    ending: bool = False
+    """Set once the query is ending early: emission no longer checks the budget."""
+    turn: _Turn | None = None
+    memory: str | None = None
+    memory_used: bool = False
+
+    def abort(self, reason: AbortReason) -> None:
+        if self.control.abort_reason is None:
+            self.control.abort_reason = reason
+        if self.phase is not None:
+            self.phase.cancel()
+
+
+class QueryLoop(TrioActor):
+    actor_name = "QueryLoop"
+
+    def __init__(
+        self,
+        *,
+        model_caller: ActorRef[ModelCaller],
+        executor: ActorRef[StreamingToolExecutor],
+        budget_guard: ActorRef[BudgetGuard],
+    ) -> None:
+        super().__init__()
+        self.model_caller = model_caller
+        self.executor = executor
+        self.budget_guard = budget_guard
+        self.conversation: list[TranscriptMessage] = []
+        self._run: _Run | None = None
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, RunQuery):
+            if self._run is not None:
+                msg = "a query is already running in this session; abort it or wait for its result"
+                raise QueryInProgress(msg)
+            self._run = self._new_run(message)
+            self.start_work(self._query, message, abortable=False)
+            return None
+        if isinstance(message, GetConversation):
+            return list(self.conversation)
+        return super().on_receive(message)
+
+    def on_abort(self, reason: AbortReason) -> None:
+        if self._run is not None:
+            self._run.abort(reason)
+
+    def _new_run(self, message: RunQuery) -> _Run:
+        # The config snapshot: taken once, used by every iteration of this query (seed 001).
+        options = message.options
+        return _Run(
+            options=options,
+            sink=message.sink,
+            control=message.control,
+            model=options.model,
+            system=build_system_prompt(
+                DEFAULT_SYSTEM_PROMPT,
+                custom=options.system_prompt,
+                append=options.append_system_prompt,
+                system_context=options.system_context,
+            ),
+            tool_schemas=[t.api_schema() for t in options.tools],
+            started=time.monotonic(),
+        )
+
+    # -- one query ----------------------------------------------------------------------
+
+    async def _query(self, message: RunQuery) -> None:
+        run = self._run
+        assert run is not None
+        state = State(messages=[])
+        terminal = Terminal(reason="model_error", error="the query did not start")
+        try:
+            await self.budget_guard.ask(
+                BeginQuery(max_budget_usd=run.options.max_budget_usd, pricing=run.options.pricing),
+                block=False,
+            )
+            self.conversation.append(message.prompt)
+            state = State(messages=list(self.conversation))
+            async with trio.open_nursery() as prefetch:
+                if run.options.memory_prefetch is not None:
+                    prefetch.start_soon(self._prefetch_memory, run, list(state.messages))
+                try:
+                    terminal, state = await self._loop(run, state)
+                except _BudgetExceeded:
+                    terminal = await self._end_early(run, run.turn, "max_budget_usd")
+                # Disposed on every exit path, as the reference's `using` does.
+                prefetch.cancel_scope.cancel()
+            await self._stop_workers()
+            await self._send_outcome(run, terminal, state)
+        finally:
+            self._run = None
+            run.sink.close()  # the last statement: when the consumer sees the end, this work is done
+
+    async def _loop(self, run: _Run, state: State) -> tuple[Terminal, State]:
+        options = run.options
+        while True:
+            run.turn_count = state.turn_count
+            messages_for_query = messages_after_compact_boundary(state.messages)
+            turn, messages_for_query = await self._model_phase(run, state, messages_for_query)
+            ended = turn.ended
+            if run.control.abort_reason is not None or ended is None:
+                reason = abort_terminal(ended is not None, bool(turn.tool_ids))
+                return await self._end_early(run, turn, reason), state
+            if ended.error is not None and ended.withheld is None:
+                return await self._model_error(run, turn, ended.error), state
+            if ended.error is not None and ended.withheld is not None:
+                # prompt-too-long: the collapse-drain / reactive-compact cascade joins here with the Compactor.
+                await self._surface(run, ended.withheld)
+                return Terminal(reason="prompt_too_long"), state
+
+            if not turn.tool_ids:
+                if ended.withheld is not None:  # max_tokens truncation
+                    action = max_output_tokens_action(
+                        state,
+                        max_output_tokens=options.max_output_tokens,
+                        escalated=options.escalated_max_output_tokens,
+                    )
+                    if action == "escalate":
+                        state = max_output_tokens_escalate(
+                            state, messages_for_query, options.escalated_max_output_tokens
+                        )
+                        run.transitions.append("max_output_tokens_escalate")
+                        continue
+                    if action == "recover":
+                        recovery = UserMessage(content=MAX_OUTPUT_TOKENS_RECOVERY_TEXT, is_meta=True)
+                        await self._emit(run, recovery)
+                        state = max_output_tokens_recovery(state, messages_for_query, turn.assistant_messages, recovery)
+                        run.transitions.append("max_output_tokens_recovery")
+                        continue
+                    await self._surface(run, ended.withheld)
+                    return Terminal(reason="completed"), state  # an API error never reaches stop hooks
+                prevent, blocking = await self._stop_hooks(run, state, messages_for_query, turn)
+                if run.control.abort_reason is not None:
+                    return await self._end_early(run, turn, abort_terminal(True, False)), state
+                if prevent is not None:
+                    return Terminal(reason="stop_hook_prevented", error=prevent), state
+                if blocking:
+                    state = stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
+                    run.transitions.append("stop_hook_blocking")
+                    continue
+                # the token-budget continuation gate joins here with the BudgetGuard's checkTokenBudget.
+                return Terminal(reason="completed"), state
+
+            if turn.prevent_continuation:
+                return Terminal(reason="hook_stopped"), state
+            attachments = await self._attachments(run)
+            if max_turns_reached(state.turn_count, options.max_turns):
+                await self._emit(
+                    run,
+                    AttachmentMessage(
+                        attachment={
+                            "type": "max_turns_reached",
+                            "maxTurns": options.max_turns,
+                            "turnCount": state.turn_count + 1,
+                        }
+                    ),
+                )
+                return Terminal(reason="max_turns", turn_count=state.turn_count + 1), state
+            state = next_turn(state, [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments])
+            run.transitions.append("next_turn")
+
+    # -- the model call -----------------------------------------------------------------
+
+    async def _model_phase(
+        self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]
+    ) -> tuple[_Turn, list[TranscriptMessage]]:
+        """One model call; a fallback retries it here with the same State (a bare continue, seed 001)."""
+        while True:
+            turn = await self._call_once(run, state, messages_for_query)
+            ended = turn.ended
+            if ended is None or not ended.fallback or run.control.abort_reason is not None:
+                return turn, messages_for_query
+            fallback = run.options.fallback_model
+            if fallback is None or fallback == run.model:
+                turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
+                return turn, messages_for_query
+            for message in turn.assistant_messages:
+                await self._emit(run, TombstoneEvent(message_uuid=message.uuid))
+            self.executor.tell(Discard())
+            previous, run.model = run.model, fallback
+            messages_for_query = strip_signature_blocks(messages_for_query)
+            await self._emit(
+                run,
+                SystemMessage(
+                    subtype="model_fallback",
+                    content=f"Switched to {fallback} because {previous} is unavailable",
+                    data={"from": previous, "to": fallback},
+                ),
+            )
+
+    async def _call_once(self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]) -> _Turn:
+        send, receive = trio.open_memory_channel[Any](TURN_BUFFER)
+        turn = _Turn(receive)
+        run.turn = turn
+        if run.control.abort_reason is not None:
+            return turn  # aborted before the request: nothing is started
+        await self._emit(run, StreamRequestStart())
+        options = run.options
+        self.executor.tell(
+            BeginTurn(
+                sink=send,
+                tools={t.name: t for t in options.tools},
+                can_use_tool=options.can_use_tool,
+                post_tool_use_hooks=options.post_tool_use_hooks,
+            )
+        )
+        self.model_caller.tell(
+            StartCall(
+                request=self._request(run, state, messages_for_query),
+                sink=send,
+                max_retries=options.max_retries,
+            )
+        )
+        with self._phase(run):
+            while not _turn_done(turn):
+                await self._dispatch(run, turn, await receive.receive())
+        return turn
+
+    def _request(self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
+        messages = messages_for_query
+        context = user_context_message(run.options.user_context)
+        if context is not None:
+            messages = [context, *messages]
+        # Built from parts that are already valid: no second validation on this hop.
+        return ModelRequest.model_construct(
+            model=run.model,
+            system=run.system,
+            messages=normalize_messages_for_api(messages),
+            tools=run.tool_schemas,
+            max_tokens=state.max_output_tokens_override or run.options.max_output_tokens,
+            thinking=run.options.thinking,
+            task_budget=None,
+            purpose="main",
+        )
+
+    async def _dispatch(self, run: _Run, turn: _Turn, item: Any) -> None:
+        kind = type(item)
+        if kind is StreamEvent or kind is ProgressEvent or kind is SystemMessage:
+            await self._emit(run, item)
+        elif kind is AssistantMessage:
+            turn.assistant_messages.append(item)
+            for block in item.content:
+                if block.get("type") == "tool_use":
+                    turn.tool_ids.append(block["id"])
+                    turn.pending.add(block["id"])
+            await self._emit(run, item)
+        elif kind is ToolResult:
+            await self._deliver(run, turn, item)
+        elif kind is CallEnded:
+            turn.ended = item
+            if item.stop_reason is not None:
+                run.last_stop_reason = item.stop_reason
+                status: BudgetStatus = await self.budget_guard.ask(
+                    RecordUsage(model=run.model, usage=item.usage), block=False
+                )
+                run.usage, run.cost_usd = status.query_usage, status.query_cost_usd
+                if status.exceeded:
+                    run.budget_exceeded = True
+                    if not run.ending:
+                        raise _BudgetExceeded
+
+    async def _deliver(self, run: _Run, turn: _Turn, result: ToolResult) -> None:
+        if result.tool_use_id not in turn.pending:
+            return  # answered already, or not of this turn
+        turn.pending.discard(result.tool_use_id)
+        turn.tool_results.append(result.message)
+        await self._emit(run, result.message)
+        for attachment in result.attachments:
+            turn.tool_results.append(attachment)
+            await self._emit(run, attachment)
+        turn.prevent_continuation |= result.prevent_continuation
+
+    # -- emission -----------------------------------------------------------------------
+
+    async def _emit(self, run: _Run, event: Event) -> None:
+        if isinstance(event, _TRANSCRIPT_TYPES):
+            self.conversation.append(event)
+            if type(event) is AssistantMessage:
+                self._note_text(run, event)
+        elif type(event) is TombstoneEvent:
+            self.conversation = [m for m in self.conversation if m.uuid != event.message_uuid]
+        if run.consumer_open:
+            try:
+                run.sink.send_nowait(event)
+            except trio.WouldBlock:
+                # A slow consumer: wait for it, shielded, so that an abort never drops an event.
+                with trio.CancelScope(shield=True):
+                    await run.sink.send(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False  # the consumer went away: that is an abort by the user
+                run.abort("user")
+        if run.budget_exceeded and not run.ending:
+            raise _BudgetExceeded
+
+    @staticmethod
+    def _note_text(run: _Run, message: AssistantMessage) -> None:
+        text = "".join(b.get("text", "") for b in message.content if b.get("type") == "text")
+        if message.message_id != run.last_message_id:
+            run.last_message_id, run.last_text = message.message_id, ""
+        run.last_text += text
+
+    async def _surface(self, run: _Run, message: AssistantMessage) -> None:
+        run.api_error_surfaced = True
+        await self._emit(run, message)
+
+    # -- endings ------------------------------------------------------------------------
+
+    async def _end_early(self, run: _Run, turn: _Turn | None, reason: Any) -> Terminal:
+        """Abort or budget: stop the call and the tools, answer every tool_use, say why."""
+        run.ending = True
+        await self._stop_workers()
+        interrupted = reason in ("aborted_streaming", "aborted_tools")
+        text = INTERRUPTED_BY_USER if interrupted else "Stopped: the query's budget is spent"
+        if turn is not None:
+            await self._collect_remaining(run, turn, text)
+        if interrupted and run.control.abort_reason != "interrupt":
+            note = INTERRUPT_MESSAGE_FOR_TOOL_USE if reason == "aborted_tools" else INTERRUPT_MESSAGE
+            await self._emit(run, UserMessage(content=[{"type": "text", "text": note}]))
+        return Terminal(reason=reason)
+
+    async def _model_error(self, run: _Run, turn: _Turn, error: ModelError) -> Terminal:
+        run.ending = True
+        await self._collect_remaining(run, turn, f"Error: {error.message}")
+        text = error.message if error.kind == "image_size" else f"API Error: {error.message}"
+        await self._surface(
+            run,
+            AssistantMessage(
+                message_id="api_error",
+                model=run.model,
+                content=[{"type": "text", "text": text}],
+                is_api_error=True,
+            ),
+        )
+        if error.kind == "image_size":
+            return Terminal(reason="image_error", error=text)
+        return Terminal(reason="model_error", error=text)
+
+    async def _collect_remaining(self, run: _Run, turn: _Turn, text: str) -> None:
+        """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic."""
+        while True:
+            try:
+                item = turn.receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            await self._dispatch(run, turn, item)
+        if turn.pending:
+            for result in await self.executor.ask(RemainingResults(text=text), block=False):
+                await self._deliver(run, turn, result)
+        for message in missing_tool_results(turn.assistant_messages, turn.tool_results, text):
+            turn.tool_results.append(message)
+            turn.pending.clear()
+            await self._emit(run, message)
+
+    async def _stop_workers(self) -> None:
+        """Cancel whatever the model call and the tools still run, and wait until it has unwound."""
+        stop = Abort(reason="user")
+        await self.model_caller.ask(stop, block=False)
+        await self.executor.ask(stop, block=False)
+
+    async def _send_outcome(self, run: _Run, terminal: Terminal, state: State) -> None:
+        reason = terminal.reason
+        errors: list[str] = []
+        if reason == "max_turns":
+            errors.append(f"Reached maximum number of turns ({run.options.max_turns})")
+        elif reason == "max_budget_usd":
+            errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
+        elif terminal.error:
+            errors.append(terminal.error)
+        result = ResultMessage(
+            subtype=result_subtype(reason),
+            is_error=result_is_error(reason, run.api_error_surfaced),
+            duration_ms=int((time.monotonic() - run.started) * 1000),
+            result=run.last_text,
+            stop_reason=run.last_stop_reason,
+            total_cost_usd=run.cost_usd,
+            usage=run.usage,
+            num_turns=terminal.turn_count or state.turn_count,
+            errors=errors,
+        )
+        run.ending = True
+        if run.consumer_open:
+            try:
+                with trio.CancelScope(shield=True):
+                    await run.sink.send(Settled(terminal=terminal, transitions=list(run.transitions)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False
+        await self._emit(run, result)
+
+    # -- hooks and attachments -----------------------------------------------------------
+
+    async def _stop_hooks(
+        self, run: _Run, state: State, messages_for_query: list[TranscriptMessage], turn: _Turn
+    ) -> tuple[str | None, list[UserMessage]]:
+        hooks = run.options.stop_hooks
+        if not hooks:
+            return None, []
+        hook_input = StopHookInput(
+            messages=[*messages_for_query, *turn.assistant_messages], stop_hook_active=state.stop_hook_active
+        )
+        prevent: str | None = None
+        errors: list[str] = []
+        with self._phase(run):
+            for hook in hooks:
+                try:
+                    decision = await hook(hook_input)
+                except Exception:
+                    self.log.exception("stop hook failed")
+                    continue
+                if decision is None:
+                    continue
+                if decision.prevent is not None and prevent is None:
+                    prevent = decision.prevent
+                if decision.blocking_error is not None:
+                    errors.append(decision.blocking_error)
+        blocking = [UserMessage(content=STOP_HOOK_FEEDBACK.format(error=e), is_meta=True) for e in errors]
+        if prevent is None:
+            for message in blocking:
+                await self._emit(run, message)
+        return prevent, blocking
+
+    async def _attachments(self, run: _Run) -> list[AttachmentMessage]:
+        """Context that arose while the tools ran, injected before the next model call."""
+        found: list[dict[str, Any]] = []
+        for source in run.options.attachment_sources:
+            found.extend(await source.collect())
+        if run.memory is not None and not run.memory_used:
+            run.memory_used = True
+            found.append({"type": "memory", "content": run.memory})
+        messages = [AttachmentMessage(attachment=a) for a in found]
+        for message in messages:
+            await self._emit(run, message)
+        return messages
+
+    async def _prefetch_memory(self, run: _Run, messages: list[TranscriptMessage]) -> None:
+        assert run.options.memory_prefetch is not None
+        try:
+            run.memory = await run.options.memory_prefetch(messages)
+        except Exception:
+            self.log.exception("memory prefetch failed")
+
+    @contextmanager
+    def _phase(self, run: _Run) -> Iterator[None]:
+        """A cancel scope that an abort cancels; entered already cancelled if the abort came first."""
+        scope = trio.CancelScope()
+        if run.control.abort_reason is not None:
+            scope.cancel()
+        run.phase = scope
+        try:
+            with scope:
+                yield
+        finally:
+            run.phase = None
+
+
+def _turn_done(turn: _Turn) -> bool:
+    ended = turn.ended
+    if ended is None:
+        return False
+    return not turn.pending or ended.error is not None or ended.fallback

@@ -1,0 +1,244 @@
+"""StreamingToolExecutor: runs the current turn's tools as their blocks complete.
+
+Scheduling follows the reference: tools are queued in block order; a tool
+starts when nothing runs, or when it and everything running are
+concurrency-safe; a queued unsafe tool blocks the queue behind it, so unsafe
+tools run alone and in order. Each tool is abortable work of this actor, under
+its own cancel scope (for `Discard`) and its own timeout.
+
+Results (and progress) go to the turn channel as they complete. Every path
+answers a `tool_use` exactly once: an unknown tool, input that fails
+validation or was cut off, a denied permission, an exception or a timeout each
+give an `is_error` result wrapped in `<tool_use_error>`. After an abort,
+`RemainingResults` answers every tool whose result the loop has not received:
+the real result where the tool had finished, a synthetic error otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import trio
+from pydantic import ConfigDict, Field, ValidationError
+
+from runtime.actor import TrioActor
+from runtime.events import AttachmentMessage, Block, ProgressEvent, UserMessage
+from runtime.hooks import PostToolUseHook, PostToolUseInput
+from runtime.messages import Message
+from runtime.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
+from runtime.transcript import tool_error, tool_result_message
+
+
+class BeginTurn(Message):
+    """A new model call starts: results go to `sink`; tools still running from before are discarded."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    sink: trio.MemorySendChannel[Any]
+    tools: dict[str, Tool]
+    can_use_tool: CanUseTool | None = None
+    post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
+
+
+class AddTool(Message):
+    """A `tool_use` block completed in the stream (or was cut off: `input_error` says why)."""
+
+    block: Block
+    input_error: str | None = None
+
+
+class Discard(Message):
+    """Fallback: the response is retracted; cancel its tools and drop their results."""
+
+
+class RemainingResults(Message):
+    """After an abort: every result the loop has not received, synthetic (`text`) where none exists."""
+
+    text: str
+
+
+class ToolResult(Message):
+    """A tool's answer, sent to the turn channel."""
+
+    tool_use_id: str
+    message: UserMessage
+    attachments: list[AttachmentMessage] = Field(default_factory=list)
+    prevent_continuation: bool = False
+
+
+Status = Literal["queued", "executing", "completed", "delivered", "discarded"]
+
+
+@dataclass(slots=True)
+class _Entry:
+    block: Block
+    input_error: str | None
+    safe: bool
+    status: Status = "queued"
+    result: ToolResult | None = None
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+    @property
+    def id(self) -> str:
+        tool_id: str = self.block["id"]
+        return tool_id
+
+
+class StreamingToolExecutor(TrioActor):
+    actor_name = "StreamingToolExecutor"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._turn: BeginTurn | None = None
+        self._entries: list[_Entry] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, AddTool):
+            return self._add(message)
+        if isinstance(message, BeginTurn):
+            self._discard()
+            self._turn, self._entries = message, []
+            return None
+        if isinstance(message, RemainingResults):
+            return self._remaining(message.text)
+        if isinstance(message, Discard):
+            return self._discard()
+        return super().on_receive(message)
+
+    # -- scheduling ---------------------------------------------------------------------
+
+    def _add(self, message: AddTool) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        tool = turn.tools.get(message.block.get("name", ""))
+        safe = tool is not None and tool.concurrency_safe
+        self._entries.append(_Entry(message.block, message.input_error, safe))
+        self._process_queue()
+
+    def _can_execute(self, safe: bool) -> bool:
+        running = [e for e in self._entries if e.status == "executing"]
+        return not running or (safe and all(e.safe for e in running))
+
+    def _process_queue(self) -> None:
+        for entry in self._entries:
+            if entry.status != "queued":
+                continue
+            if self._can_execute(entry.safe):
+                entry.status = "executing"
+                self.start_work(self._execute, entry, self._turn)
+            elif not entry.safe:
+                break  # an unsafe tool keeps its place: nothing behind it starts first
+
+    def _discard(self) -> None:
+        for entry in self._entries:
+            if entry.status in ("queued", "executing", "completed"):
+                entry.status = "discarded"
+                entry.scope.cancel()
+        self._entries = []
+
+    def _remaining(self, text: str) -> list[ToolResult]:
+        remaining = []
+        for entry in self._entries:
+            if entry.status in ("delivered", "discarded"):
+                continue
+            entry.scope.cancel()
+            result = entry.result or ToolResult(
+                tool_use_id=entry.id, message=tool_result_message(entry.id, text, is_error=True)
+            )
+            entry.status = "delivered"
+            remaining.append(result)
+        return remaining
+
+    # -- running one tool -------------------------------------------------------------------
+
+    async def _execute(self, entry: _Entry, turn: BeginTurn) -> None:
+        with entry.scope:
+            result = await self._run(entry, turn)
+            if entry.status != "executing":
+                return  # discarded or answered by RemainingResults meanwhile
+            entry.result, entry.status = result, "completed"
+            self._process_queue()
+            await turn.sink.send(result)
+            if entry.status == "completed":
+                entry.status = "delivered"
+
+    async def _run(self, entry: _Entry, turn: BeginTurn) -> ToolResult:
+        block = entry.block
+        name = block.get("name", "")
+        tool = turn.tools.get(name)
+        if entry.input_error is not None:
+            return _failed(entry, entry.input_error)
+        if tool is None:
+            return _failed(entry, f"Error: No such tool available: {name}")
+        raw_input: dict[str, Any] = block.get("input") or {}
+        try:
+            args = tool.parse_input(raw_input)
+            if turn.can_use_tool is not None:
+                decision = await turn.can_use_tool(name, raw_input)
+                if not isinstance(decision, Allow):
+                    return _failed(entry, decision.message)
+                if decision.updated_input is not None:
+                    raw_input = decision.updated_input
+                    args = tool.parse_input(raw_input)
+        except ValidationError as error:
+            return _failed(entry, f"InputValidationError: {error}")
+
+        async def report(tool_use_id: str, data: Any) -> None:
+            await turn.sink.send(ProgressEvent(tool_use_id=tool_use_id, data=data))
+
+        output: ToolOutput
+        is_error = False
+        try:
+            with trio.move_on_after(tool.timeout_s if tool.timeout_s is not None else float("inf")) as deadline:
+                output = await tool.call(args, ToolContext(entry.id, report))
+            if deadline.cancelled_caught:
+                output, is_error = tool_error(f"Error: {name} timed out after {tool.timeout_s:g}s"), True
+        except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
+            output, is_error = tool_error(f"Error: {error}"), True
+        attachments, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
+        return ToolResult(
+            tool_use_id=entry.id,
+            message=tool_result_message(entry.id, output, is_error=is_error),
+            attachments=attachments,
+            prevent_continuation=prevent,
+        )
+
+    async def _post_tool_use(
+        self, entry: _Entry, turn: BeginTurn, tool_input: dict[str, Any], output: ToolOutput, is_error: bool
+    ) -> tuple[list[AttachmentMessage], bool]:
+        attachments: list[AttachmentMessage] = []
+        prevent = False
+        name = entry.block.get("name", "")
+        for hook in turn.post_tool_use_hooks:
+            try:
+                decision = await hook(
+                    PostToolUseInput(
+                        tool_name=name,
+                        tool_use_id=entry.id,
+                        tool_input=tool_input,
+                        result=output,
+                        is_error=is_error,
+                    )
+                )
+            except Exception:
+                self.log.exception(f"PostToolUse hook failed for {name}")
+                continue
+            if decision is not None and decision.prevent:
+                prevent = True
+                attachments.append(
+                    AttachmentMessage(
+                        attachment={
+                            "type": "hook_stopped_continuation",
+                            "message": decision.prevent,
+                            "tool_use_id": entry.id,
+                            "tool_name": name,
+                        }
+                    )
+                )
+        return attachments, prevent
+
+
+def _failed(entry: _Entry, message: str) -> ToolResult:
+    return ToolResult(tool_use_id=entry.id, message=tool_result_message(entry.id, tool_error(message), is_error=True))

@@ -1,0 +1,161 @@
+"""`Session` and `QueryHandle`: the public face of one agent loop.
+
+A session is one actor group (QueryLoop, ModelCaller, StreamingToolExecutor,
+BudgetGuard; the Compactor and HaikuSummarizer join with context management)
+holding one conversation. `session.query(prompt)` submits a user message and
+returns a `QueryHandle`: a view over the bounded trio channel the QueryLoop
+feeds, never an async generator owning a nursery, so a consumer that stops early
+cannot corrupt a cancel scope (trio #638). Closing the handle, or dropping it
+before the end, aborts the query (reason `user`) and leaves the session usable.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Self
+
+import trio
+
+from actors.query_loop import GetConversation, QueryControl, QueryInProgress, RunQuery, Settled
+from runtime.errors import SessionClosed
+from runtime.events import Block, QueryEvent, ResultMessage, TranscriptMessage, UserMessage
+from runtime.options import QueryOptions
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from pykka import ActorRef
+
+    from actors.query_loop import QueryLoop
+    from runtime.errors import ActorCrashed
+    from runtime.messages import AbortAck, AbortReason
+    from runtime.state import ContinueReason, Terminal
+    from runtime.supervisor import Supervisor
+
+
+class QueryHandle:
+    """Iterate it for the query's events; then read `terminal`, `result`, `transitions`."""
+
+    def __init__(self, session: Session, receive: trio.MemoryReceiveChannel[Any], control: QueryControl) -> None:
+        self._session = session
+        self._receive = receive
+        self._control = control
+        self.terminal: Terminal | None = None
+        self.transitions: list[ContinueReason] = []
+        self.result: ResultMessage | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> QueryEvent:
+        while True:
+            try:
+                item = await self._receive.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                failure = self._session.failure
+                if failure is not None and self.result is None:
+                    raise failure from None
+                raise StopAsyncIteration from None
+            if type(item) is Settled:
+                self.terminal, self.transitions = item.terminal, item.transitions
+                continue
+            if type(item) is ResultMessage:
+                self.result = item
+            event: QueryEvent = item
+            return event
+
+    async def wait(self) -> ResultMessage:
+        """Consume the remaining events and return the result."""
+        async for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def aclose(self) -> None:
+        """Stop listening; a query still running is aborted (reason `user`)."""
+        if not self.done and self._control.abort_reason is None:
+            await self._session.abort("user")
+        self._receive.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        # Dropped without aclose(): closing the channel makes the loop's next send fail,
+        # which the loop takes as the user's abort.
+        try:
+            self._receive.close()
+        except Exception:  # noqa: BLE001 - finalizers must not raise
+            pass
+
+
+class Session:
+    """One conversation with its own actor group. Made by `Runtime.open_session`."""
+
+    def __init__(self, supervisor: Supervisor, options: QueryOptions, loop: ActorRef[QueryLoop]) -> None:
+        self.supervisor = supervisor
+        self.options = options
+        self._loop = loop
+        self._current: QueryHandle | None = None
+        self._current_send: trio.MemorySendChannel[Any] | None = None
+        supervisor.add_crash_listener(self._crashed)
+
+    @property
+    def id(self) -> str:
+        return self.supervisor.session_id
+
+    @property
+    def failure(self) -> ActorCrashed | None:
+        return self.supervisor.failure
+
+    def query(self, prompt: str | list[Block], **overrides: Any) -> QueryHandle:
+        """Submit one user message; `overrides` change options for this query only (validated)."""
+        if self.supervisor.closed:
+            msg = f"session {self.id} is closed"
+            raise SessionClosed(msg)
+        if self._current is not None and not self._current.done and not self._current._receive._closed:  # noqa: SLF001
+            msg = "a query is already running in this session; abort it or wait for its result"
+            raise QueryInProgress(msg)
+        options = QueryOptions.model_validate({**dict(self.options), **overrides}) if overrides else self.options
+        send, receive = trio.open_memory_channel[Any](options.event_buffer)
+        control = QueryControl()
+        handle = QueryHandle(self, receive, control)
+        self._current, self._current_send = handle, send
+        self._loop.tell(RunQuery(prompt=UserMessage(content=prompt), options=options, sink=send, control=control))
+        return handle
+
+    async def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
+        """Abort the running query (if any) and every actor's in-flight work. Idempotent."""
+        handle = self._current
+        if handle is not None and not handle.done and handle._control.abort_reason is None:  # noqa: SLF001
+            handle._control.abort_reason = reason  # noqa: SLF001
+        return await self.supervisor.abort(reason)
+
+    async def transcript(self) -> list[TranscriptMessage]:
+        """The conversation so far: every transcript message emitted, tombstoned ones removed."""
+        conversation: list[TranscriptMessage] = await self._loop.ask(GetConversation(), block=False)
+        return conversation
+
+    def live_tasks(self) -> int:
+        """Work tasks of this session still running (0 once a query's stream has ended)."""
+        return sum(actor.busy for actor in self.supervisor.actors)
+
+    async def close(self) -> None:
+        """Abort what runs, then stop every actor of the session."""
+        if not self.supervisor.closed:
+            await self.abort("shutdown")
+        await self.supervisor.close()
+        if self._current_send is not None:
+            self._current_send.close()
+
+    def _crashed(self, failure: ActorCrashed) -> None:
+        if self._current_send is not None:
+            self._current_send.close()  # the handle ends and raises the failure
