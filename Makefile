@@ -22,7 +22,7 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -q
 
 bench-kernel: $(BIN)/.installed
 	$(BIN)/python -m bench kernel

@@ -128,6 +128,9 @@ class ModelCaller(TrioActor):
                 if error.kind == "prompt_too_long":
                     withheld = _api_error(call, PROMPT_TOO_LONG_ERROR_MESSAGE)
                 ended = CallEnded(withheld=withheld, error=error)
+            except Exception as error:  # noqa: BLE001 - a provider's bug is this call's model error, not a dead session
+                self.log.opt(exception=error).error("model provider raised an unclassified error")
+                ended = CallEnded(error=ModelError("api_error", f"{type(error).__name__}: {error}"))
             await call.sink.send(ended)
             return
 

@@ -105,10 +105,11 @@ class QueryControl:
     overtakes the `RunQuery` in the mailbox still reaches the query.
     """
 
-    __slots__ = ("abort_reason",)
+    __slots__ = ("abort_reason", "finished")
 
     def __init__(self) -> None:
         self.abort_reason: AbortReason | None = None
+        self.finished = False
 
 
 class RunQuery(Message):
@@ -122,6 +123,12 @@ class RunQuery(Message):
 
 class GetConversation(Message):
     """Answered with a copy of the session's conversation."""
+
+
+class Refused(Message):
+    """Sent instead of any event when a query cannot start (another one is running)."""
+
+    reason: str
 
 
 class Settled(Message):
@@ -199,18 +206,25 @@ class QueryLoop(TrioActor):
         self.budget_guard = budget_guard
         self.conversation: list[TranscriptMessage] = []
         self._run: _Run | None = None
+        self._queued: RunQuery | None = None
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RunQuery):
-            if self._run is not None:
-                msg = "a query is already running in this session; abort it or wait for its result"
-                raise QueryInProgress(msg)
-            self._run = self._new_run(message)
-            self.start_work(self._query, message, abortable=False)
+            self._submit(message)
             return None
         if isinstance(message, GetConversation):
             return list(self.conversation)
         return super().on_receive(message)
+
+    def _submit(self, message: RunQuery) -> None:
+        if self._run is None:
+            self._run = self._new_run(message)
+            self.start_work(self._query, message, abortable=False)
+        elif self._run.control.abort_reason is not None and self._queued is None:
+            self._queued = message  # it starts as soon as the aborted query has ended
+        else:
+            message.sink.send_nowait(Refused(reason="a query is already running in this session"))
+            message.sink.close()
 
     def on_abort(self, reason: AbortReason) -> None:
         if self._run is not None:
@@ -261,6 +275,10 @@ class QueryLoop(TrioActor):
             await self._send_outcome(run, terminal, state)
         finally:
             self._run = None
+            run.control.finished = True
+            queued, self._queued = self._queued, None
+            if queued is not None:
+                self._submit(queued)
             run.sink.close()  # the last statement: when the consumer sees the end, this work is done
 
     async def _loop(self, run: _Run, state: State) -> tuple[Terminal, State]:

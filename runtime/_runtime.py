@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from runtime.options import QueryOptions
-from runtime.session import Session
 from runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -19,6 +17,8 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
     from actors.budget_guard import BudgetGuard
+    from runtime.options import QueryOptions
+    from runtime.session import Session
 
 
 class Runtime:
@@ -57,6 +57,8 @@ class Runtime:
         from actors.model_caller import ModelCaller
         from actors.query_loop import QueryLoop
         from actors.tool_executor import StreamingToolExecutor
+        from runtime.options import QueryOptions
+        from runtime.session import Session
 
         options = options or QueryOptions(**fields)
         if options.provider is None:

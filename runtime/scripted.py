@@ -112,8 +112,8 @@ def _block_events(index: int, block: dict[str, Any], *, cut: bool) -> list[dict[
         text: str = block.get("text", "")
         start = {"type": "text", "text": ""}
         deltas = [{"type": "text_delta", "text": text[i : i + TEXT_CHUNK]} for i in range(0, len(text), TEXT_CHUNK)]
-    elif kind == "tool_use":
-        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+    elif kind in ("tool_use", "server_tool_use"):
+        start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
         raw = json.dumps(block.get("input", {}))
         fragments = [""] + [raw[i : i + JSON_CHUNK] for i in range(0, len(raw), JSON_CHUNK)]
         if cut:  # a max_tokens cut: the JSON stops half-way and no content_block_stop follows
@@ -131,7 +131,7 @@ def _block_events(index: int, block: dict[str, Any], *, cut: bool) -> list[dict[
         start, deltas = block, []
     events: list[dict[str, Any]] = [{"type": "content_block_start", "index": index, "content_block": start}]
     events.extend({"type": "content_block_delta", "index": index, "delta": delta} for delta in deltas)
-    if not (cut and kind == "tool_use"):
+    if not (cut and kind in ("tool_use", "server_tool_use")):
         events.append({"type": "content_block_stop", "index": index})
     return events
 

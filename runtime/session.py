@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import trio
 
-from actors.query_loop import GetConversation, QueryControl, QueryInProgress, RunQuery, Settled
+from actors.query_loop import GetConversation, QueryControl, QueryInProgress, Refused, RunQuery, Settled
 from runtime.errors import SessionClosed
 from runtime.events import Block, QueryEvent, ResultMessage, TranscriptMessage, UserMessage
 from runtime.options import QueryOptions
@@ -62,6 +62,8 @@ class QueryHandle:
             if type(item) is Settled:
                 self.terminal, self.transitions = item.terminal, item.transitions
                 continue
+            if type(item) is Refused:
+                raise QueryInProgress(item.reason)
             if type(item) is ResultMessage:
                 self.result = item
             event: QueryEvent = item
@@ -89,9 +91,11 @@ class QueryHandle:
         await self.aclose()
 
     def __del__(self) -> None:
-        # Dropped without aclose(): closing the channel makes the loop's next send fail,
-        # which the loop takes as the user's abort.
+        # Dropped without aclose(): that is the user's abort. Nothing can be awaited here,
+        # so the abort is told (not asked) and the channel closed.
         try:
+            if not self.done and self._control.abort_reason is None and not self._control.finished:
+                self._session.abort_nowait("user")
             self._receive.close()
         except Exception:  # noqa: BLE001 - finalizers must not raise
             pass
@@ -104,7 +108,7 @@ class Session:
         self.supervisor = supervisor
         self.options = options
         self._loop = loop
-        self._current: QueryHandle | None = None
+        self._control: QueryControl | None = None
         self._current_send: trio.MemorySendChannel[Any] | None = None
         supervisor.add_crash_listener(self._crashed)
 
@@ -121,23 +125,33 @@ class Session:
         if self.supervisor.closed:
             msg = f"session {self.id} is closed"
             raise SessionClosed(msg)
-        if self._current is not None and not self._current.done and not self._current._receive._closed:  # noqa: SLF001
+        running = self._control
+        if running is not None and not running.finished and running.abort_reason is None:
             msg = "a query is already running in this session; abort it or wait for its result"
             raise QueryInProgress(msg)
         options = QueryOptions.model_validate({**dict(self.options), **overrides}) if overrides else self.options
         send, receive = trio.open_memory_channel[Any](options.event_buffer)
         control = QueryControl()
         handle = QueryHandle(self, receive, control)
-        self._current, self._current_send = handle, send
+        self._control, self._current_send = control, send
         self._loop.tell(RunQuery(prompt=UserMessage(content=prompt), options=options, sink=send, control=control))
         return handle
 
     async def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
         """Abort the running query (if any) and every actor's in-flight work. Idempotent."""
-        handle = self._current
-        if handle is not None and not handle.done and handle._control.abort_reason is None:  # noqa: SLF001
-            handle._control.abort_reason = reason  # noqa: SLF001
+        self._mark_aborted(reason)
         return await self.supervisor.abort(reason)
+
+    def abort_nowait(self, reason: AbortReason = "user") -> None:
+        """`abort` without waiting for the actors' acks: for code that cannot await."""
+        self._mark_aborted(reason)
+        self.supervisor.abort_nowait(reason)
+
+    def _mark_aborted(self, reason: AbortReason) -> None:
+        # Before the broadcast: an Abort that overtakes the RunQuery still reaches the query.
+        control = self._control
+        if control is not None and not control.finished and control.abort_reason is None:
+            control.abort_reason = reason
 
     async def transcript(self) -> list[TranscriptMessage]:
         """The conversation so far: every transcript message emitted, tombstoned ones removed."""

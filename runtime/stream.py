@@ -1,7 +1,8 @@
 """`ResponseAssembler`: raw Messages API events in, completed content blocks out.
 
 Pure and synchronous, so the wire's quirks are tested without an actor:
-`input_json_delta` fragments are joined and parsed at `content_block_stop`
+`input_json_delta` fragments (of any block that has an `input`: client and
+server tool uses) are joined and parsed at `content_block_stop`
 (`""` alone means `{}`); `ping` and unknown event or delta types change
 nothing; a block still open when the stream stops (`max_tokens` inside a
 `tool_use` sends no `content_block_stop`) is returned by `close_truncated()` so
@@ -45,7 +46,7 @@ class ResponseAssembler:
         elif kind == "content_block_start":
             index = event["index"]
             self._open[index] = dict(event["content_block"])
-            if self._open[index].get("type") == "tool_use":
+            if "input" in self._open[index]:  # tool_use, server_tool_use, mcp_tool_use: input streams as JSON
                 self._json[index] = []
         elif kind == "content_block_stop":
             return self._complete(event["index"])
@@ -76,6 +77,8 @@ class ResponseAssembler:
             block["signature"] = delta.get("signature", "")
         elif kind == "citations_delta":
             block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "compaction_delta":  # the server's summary: it must be sent back intact
+            block["content"] = (block.get("content") or "") + delta.get("content", "")
 
     def _complete(self, index: int) -> CompletedBlock | None:
         block = self._open.pop(index, None)
@@ -85,8 +88,11 @@ class ResponseAssembler:
         if fragments is None:
             return CompletedBlock(index, block)
         raw = "".join(fragments)
+        if not raw.strip():  # no fragment (or only ""): the input is what the start carried, else {}
+            block["input"] = block.get("input") or {}
+            return CompletedBlock(index, block)
         try:
-            parsed = json.loads(raw) if raw.strip() else {}
+            parsed = json.loads(raw)
         except json.JSONDecodeError as error:
             block["input"] = {}
             return CompletedBlock(index, block, f"InputValidationError: the input is not valid JSON ({error})")
@@ -110,7 +116,8 @@ class ResponseAssembler:
 
 
 def _usage(raw: dict[str, Any], previous: Usage) -> Usage:
-    # message_delta usage is cumulative: a field present replaces the previous value.
+    # message_delta usage is cumulative: a non-zero field replaces the previous value. A zero
+    # leaves it, as the reference's updateUsage does (deltas report 0 for counts they omit).
     return Usage(
         input_tokens=raw.get("input_tokens") or previous.input_tokens,
         output_tokens=raw.get("output_tokens") or previous.output_tokens,

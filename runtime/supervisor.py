@@ -115,6 +115,13 @@ class Supervisor:
                 continue  # it stopped (or the group closed) while the abort was on its way
         return acks
 
+    def abort_nowait(self, reason: AbortReason) -> None:
+        """Send `Abort(reason)` to every live actor without waiting for acks (usable where nothing can await)."""
+        message = Abort(reason=reason)
+        for actor in self.actors:
+            if not actor.actor_stopped.is_set():
+                actor.actor_ref.tell(message)
+
     async def close(self) -> None:
         """Stop every actor of the session and return when none of its tasks runs. Idempotent."""
         if threading.get_ident() != self._thread:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -70,15 +70,17 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    input_model: type[BaseModel] | None = None,
     concurrency_safe: bool = False,
     timeout_s: float | None = None,
 ) -> Callable[[Callable[[Any, ToolContext], Awaitable[ToolOutput]]], Tool]:
-    """Make a `Tool` of an `async def fn(args: SomeModel, ctx: ToolContext)`; the model is read from the hint."""
+    """Make a `Tool` of an `async def fn(args: SomeModel, ctx: ToolContext)`.
+
+    The input model is `input_model`, or else read from the first parameter's hint.
+    """
 
     def wrap(fn: Callable[[Any, ToolContext], Awaitable[ToolOutput]]) -> Tool:
-        first = next(iter(inspect.signature(fn).parameters), None)
-        hint = get_type_hints(fn).get(first) if first else None
-        model = hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
+        model = input_model if input_model is not None else _hinted_model(fn)
         return Tool(
             name=name or fn.__name__,
             call=fn,
@@ -89,6 +91,23 @@ def tool(
         )
 
     return wrap
+
+
+def _hinted_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
+    first = next(iter(inspect.signature(fn).parameters), None)
+    if first is None:
+        return None
+    hint = inspect.signature(fn).parameters[first].annotation
+    try:
+        if isinstance(hint, str):  # postponed annotations: resolve this one hint as typing would
+            hint = eval(hint, fn.__globals__)
+    except NameError as error:
+        msg = (
+            f"tool {fn.__name__!r}: cannot resolve the type of {first!r} ({error}); "
+            "define the model at module level or pass input_model="
+        )
+        raise TypeError(msg) from error
+    return hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
 
 
 class Allow(BaseModel):

@@ -173,36 +173,58 @@ def _merge(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
 def normalize_messages_for_api(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
     """The Messages API `messages` for this transcript, paired and alternating (see module doc)."""
     merged = _merge(messages)
+    paired: list[dict[str, Any]] = []
     for index, message in enumerate(merged):
-        if message["role"] != "assistant":
+        if message["role"] == "assistant":
+            paired.append(message)
+            following = merged[index + 1] if index + 1 < len(merged) else None
+            if following is None and _uses(message):
+                paired.append(_answer(message, {"role": "user", "content": []}))
             continue
-        wanted = [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
-        following = merged[index + 1] if index + 1 < len(merged) else None
-        if following is None:
-            if wanted:
-                following = {"role": "user", "content": []}
-                merged.append(following)
-            else:
-                continue
-        results = [b for b in following["content"] if b.get("type") == "tool_result"]
-        others = [b for b in following["content"] if b.get("type") != "tool_result"]
-        by_id: dict[str, Block] = {}
-        for block in results:
-            if block["tool_use_id"] in wanted and block["tool_use_id"] not in by_id:
-                by_id[block["tool_use_id"]] = block
-            else:
-                logger.warning("dropped a tool_result with no matching tool_use: {}", block["tool_use_id"])
-        for tool_id in wanted:
-            if tool_id not in by_id:
-                logger.warning("synthesized a missing tool_result for {}", tool_id)
-                by_id[tool_id] = {
-                    "type": "tool_result",
-                    "tool_use_id": tool_id,
-                    "content": tool_error("Tool result missing"),
-                    "is_error": True,
-                }
-        following["content"] = [by_id[t] for t in wanted] + others
-    return [m for m in merged if m["content"]]
+        previous = merged[index - 1] if index else None
+        paired.append(_answer(previous, message))
+    return _realternate([m for m in paired if m["content"]])
+
+
+def _uses(message: dict[str, Any] | None) -> list[str]:
+    if message is None or message["role"] != "assistant":
+        return []
+    return [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
+
+
+def _answer(assistant: dict[str, Any] | None, user: dict[str, Any]) -> dict[str, Any]:
+    """`user` with exactly one result per tool_use of `assistant`, first; orphans dropped, gaps filled."""
+    wanted = _uses(assistant)
+    by_id: dict[str, Block] = {}
+    for block in user["content"]:
+        if block.get("type") != "tool_result":
+            continue
+        if block["tool_use_id"] in wanted and block["tool_use_id"] not in by_id:
+            by_id[block["tool_use_id"]] = block
+        else:
+            logger.warning("dropped a tool_result with no matching tool_use: {}", block["tool_use_id"])
+    for tool_id in wanted:
+        if tool_id not in by_id:
+            logger.warning("synthesized a missing tool_result for {}", tool_id)
+            by_id[tool_id] = {
+                "type": "tool_result",
+                "tool_use_id": tool_id,
+                "content": tool_error("Tool result missing"),
+                "is_error": True,
+            }
+    others = [b for b in user["content"] if b.get("type") != "tool_result"]
+    return {"role": "user", "content": [by_id[t] for t in wanted] + others}
+
+
+def _realternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Dropping an emptied message can leave two of one role side by side: join them.
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if out and out[-1]["role"] == message["role"]:
+            out[-1]["content"].extend(message["content"])
+        else:
+            out.append(message)
+    return out
 
 
 def transcript_problems(messages: list[TranscriptMessage]) -> list[str]:

@@ -1,0 +1,127 @@
+"""Builders for scripted replies and tools, and the end-of-query checks every loop test makes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from runtime import Runtime
+from runtime.events import QueryEvent, UserMessage
+from runtime.options import QueryOptions
+from runtime.scripted import ScriptedModel
+from runtime.session import QueryHandle, Session
+from runtime.tools import Tool, ToolContext, ToolError, ToolOutput
+from runtime.transcript import transcript_problems
+
+
+def text_reply(text: str = "Done.", stop_reason: str = "end_turn", **extra: Any) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "stop_reason": stop_reason, **extra}
+
+
+def tool_use(tool_id: str, name: str, tool_input: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input or {}}
+
+
+def tools_reply(*uses: dict[str, Any], text: str | None = None, **extra: Any) -> dict[str, Any]:
+    content = ([{"type": "text", "text": text}] if text else []) + list(uses)
+    return {"content": content, "stop_reason": "tool_use", **extra}
+
+
+@dataclass
+class ToolLog:
+    """Start and end times (trio clock) of every scripted tool run."""
+
+    starts: dict[str, float] = field(default_factory=dict)
+    ends: dict[str, float] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+
+
+def scripted_tool(
+    name: str,
+    *,
+    result: str = "ok",
+    latency: float = 0.0,
+    safe: bool = False,
+    raises: str | None = None,
+    progress: tuple[Any, ...] = (),
+    log: ToolLog | None = None,
+    timeout_s: float | None = None,
+) -> Tool:
+    async def call(_: Any, ctx: ToolContext) -> ToolOutput:
+        if log is not None:
+            log.starts[ctx.tool_use_id] = trio.current_time()
+            log.order.append(ctx.tool_use_id)
+        for step in progress:
+            await ctx.progress(step)
+        await trio.sleep(latency)
+        if log is not None:
+            log.ends[ctx.tool_use_id] = trio.current_time()
+        if raises is not None:
+            raise ToolError(raises)
+        return result
+
+    return Tool(name=name, call=call, concurrency_safe=safe, timeout_s=timeout_s)
+
+
+@dataclass
+class Ran:
+    session: Session
+    handle: QueryHandle
+    events: list[QueryEvent]
+    model: ScriptedModel
+
+    @property
+    def labels(self) -> list[str]:
+        return [e.label for e in self.events]
+
+    @property
+    def reason(self) -> str:
+        assert self.handle.terminal is not None
+        return self.handle.terminal.reason
+
+    def tool_results(self) -> dict[str, dict[str, Any]]:
+        found = {}
+        for event in self.events:
+            if isinstance(event, UserMessage) and isinstance(event.content, list):
+                for block in event.content:
+                    if block.get("type") == "tool_result":
+                        found[block["tool_use_id"]] = block
+        return found
+
+    def texts_of_user_events(self) -> list[str]:
+        texts = []
+        for event in self.events:
+            if isinstance(event, UserMessage):
+                content = event.content
+                if isinstance(content, str):
+                    texts.append(content)
+                else:
+                    texts.extend(b.get("text", "") for b in content if b.get("type") == "text")
+        return texts
+
+
+async def open_session(runtime: Runtime, model: ScriptedModel, **options: Any) -> Session:
+    return await runtime.open_session(QueryOptions(provider=model, **options))
+
+
+async def consume(session: Session, handle: QueryHandle, model: ScriptedModel) -> Ran:
+    events = [event async for event in handle]
+    return Ran(session, handle, events, model)
+
+
+async def run_query(
+    runtime: Runtime, entries: list[dict[str, Any]], prompt: str = "Fix the bug", **options: Any
+) -> Ran:
+    model = ScriptedModel(entries)
+    session = await open_session(runtime, model, **options)
+    return await consume(session, session.query(prompt), model)
+
+
+async def assert_settled(ran: Ran) -> None:
+    """What every query guarantees at its end: one result last, nothing running, a valid transcript."""
+    assert ran.session.live_tasks() == 0, "a task of the session outlived the query's event stream"
+    assert ran.labels.count("result") == 1 and ran.labels[-1] == "result"
+    assert ran.handle.result is not None and ran.handle.terminal is not None
+    assert transcript_problems(await ran.session.transcript()) == []
