@@ -411,6 +411,35 @@ async def test_check_order_abort_wins_over_max_tokens_truncation(autojump_clock:
         await assert_settled(ran)
 
 
+async def test_abort_while_stop_hooks_run_cancels_them_and_ends_aborted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    hook_finished: list[bool] = []
+
+    async def slow_hook(_: StopHookInput) -> HookDecision:
+        await trio.sleep(60)
+        hook_finished.append(True)
+        return HookDecision(blocking_error="too late")
+
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([text_reply("Done."), text_reply("unused")])
+        session = await open_session(runtime, model, stop_hooks=[slow_hook])
+        handle = session.query("go")
+        events = []
+        async for event in handle:
+            events.append(event)
+            if isinstance(event, StreamEvent) and event.event["type"] == "message_stop":
+                await trio.sleep(1)  # the stop hook is running now
+                await session.abort("user")
+        ran = await consume(session, handle, model)
+        ran.events = events
+        assert ran.reason == "aborted_streaming"  # no tools ran: the abort is the streaming kind
+        assert hook_finished == []
+        assert len(model.requests) == 1
+        assert ran.texts_of_user_events()[-1] == INTERRUPT_MESSAGE
+        await assert_settled(ran)
+
+
 async def test_abort_before_start_makes_no_model_call() -> None:
     async with Runtime.open() as runtime:
         model = ScriptedModel([text_reply()])
