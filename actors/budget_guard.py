@@ -3,7 +3,8 @@
 The QueryLoop reports each completed model call's usage (what `message_start`
 and the cumulative `message_delta` said, taken at `message_stop`, as the
 reference's QueryEngine does) and receives the query's running cost and
-whether `max_budget_usd` is reached. The loop checks that answer after every
+whether `max_budget_usd` is reached. It also keeps the query's `BudgetTracker` and answers `CheckTokenBudget` with
+seed 003's `checkTokenBudget` decision. The loop checks the USD answer after every
 event it emits; the cost only changes at a call's end, so the overshoot is at
 most one model call (seed 000).
 
@@ -21,16 +22,20 @@ from runtime.actor import TrioActor
 from runtime.events import Usage
 from runtime.messages import Message
 from runtime.pricing import Pricing, pricing_for
+from runtime.token_budget import BudgetTracker, check_token_budget
 
 if TYPE_CHECKING:
     from pykka import ActorRef
 
 
 class BeginQuery(Message):
-    """Reset the per-query ledger; `max_budget_usd` and `pricing` apply to this query."""
+    """Reset the per-query ledger; `max_budget_usd`, `token_budget` and `pricing` apply to this query."""
 
     max_budget_usd: float | None = None
+    token_budget: int | None = None
+    model: str | None = None
     pricing: Pricing | None = None
+    """Overrides the table's price of `model` (this query's model) only; other models keep the table's."""
 
 
 class RecordUsage(Message):
@@ -38,6 +43,14 @@ class RecordUsage(Message):
 
     model: str
     usage: Usage
+    query_usage: bool = True
+    """False for the runtime's own calls (summaries, compaction): their cost counts, their tokens do not."""
+
+
+class CheckTokenBudget(Message):
+    """The token-budget gate (seed 003) for the current query, given its output tokens so far."""
+
+    global_turn_tokens: int
 
 
 class BudgetStatus(Message):
@@ -76,15 +89,22 @@ class BudgetGuard(TrioActor):
         self._query_cost = 0.0
         self._query_max: float | None = None
         self._pricing: Pricing | None = None
+        self._priced_model: str | None = None
         self._host_exceeded = False
+        self._token_budget: int | None = None
+        self._tracker = BudgetTracker()
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RecordUsage):
             return self._record(message)
         if isinstance(message, BeginQuery):
             self._query_usage, self._query_cost = Usage(), 0.0
-            self._query_max, self._pricing = message.max_budget_usd, message.pricing
+            self._query_max = message.max_budget_usd
+            self._priced_model, self._pricing = message.model, message.pricing
+            self._token_budget, self._tracker = message.token_budget, BudgetTracker()
             return None
+        if isinstance(message, CheckTokenBudget):
+            return check_token_budget(self._tracker, None, self._token_budget, message.global_turn_tokens)
         if isinstance(message, HostSpend):
             self.session_cost_usd += message.cost_usd
             return self.host_max_budget_usd is not None and self.session_cost_usd >= self.host_max_budget_usd
@@ -92,8 +112,10 @@ class BudgetGuard(TrioActor):
 
     def _record(self, message: RecordUsage) -> Any:
         # Accounting happens here, synchronously: an abort can never lose a recorded call.
-        cost = cost_usd(message.usage, pricing_for(message.model, self._pricing))
-        self._query_usage = self._query_usage + message.usage
+        override = self._pricing if message.model == self._priced_model else None
+        cost = cost_usd(message.usage, pricing_for(message.model, override))
+        if message.query_usage:
+            self._query_usage = self._query_usage + message.usage
         self._query_cost += cost
         self.session_usage = self.session_usage + message.usage
         self.session_cost_usd += cost

@@ -166,7 +166,9 @@ class ModelCaller(TrioActor):
 
     async def _hand_over(self, completed: CompletedBlock, assembler: ResponseAssembler, call: StartCall) -> None:
         # The message goes first: a tool is only ever started for a block the loop has seen.
-        message = AssistantMessage(message_id=assembler.message_id, model=call.request.model, content=[completed.block])
+        message = AssistantMessage(
+            message_id=assembler.message_id, model=call.request.model, content=[completed.block], usage=assembler.usage
+        )
         await call.sink.send(message)
         if completed.block.get("type") == "tool_use" and self.executor is not None:
             self.executor.tell(AddTool(block=completed.block, input_error=completed.input_error))

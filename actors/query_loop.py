@@ -27,10 +27,22 @@ from typing import TYPE_CHECKING, Any
 import trio
 from pydantic import ConfigDict
 
-from actors.budget_guard import BeginQuery, BudgetStatus, RecordUsage
-from actors.model_caller import CallEnded, StartCall
+from actors.budget_guard import BeginQuery, BudgetStatus, CheckTokenBudget, RecordUsage
+from actors.compactor import (
+    Compact,
+    Compacted,
+    ContextConfig,
+    DrainCollapses,
+    Drained,
+    Prepare,
+    Prepared,
+    StageCollapse,
+)
+from actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded, StartCall
+from actors.summarizer import Summarize
 from actors.tool_executor import BeginTurn, Discard, RemainingResults, ToolResult
 from runtime.actor import TrioActor
+from runtime.context import ContextLimits
 from runtime.decisions import (
     abort_terminal,
     max_output_tokens_action,
@@ -38,7 +50,7 @@ from runtime.decisions import (
     result_is_error,
     result_subtype,
 )
-from runtime.errors import QueryloopError
+from runtime.errors import QueryloopError, WorkCancelled
 from runtime.events import (
     AssistantMessage,
     AttachmentMessage,
@@ -49,6 +61,7 @@ from runtime.events import (
     StreamRequestStart,
     SystemMessage,
     TombstoneEvent,
+    ToolUseSummaryEvent,
     TranscriptMessage,
     Usage,
     UserMessage,
@@ -57,16 +70,21 @@ from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
 from runtime.messages import Abort, AbortReason, Message
 from runtime.model import ModelError, ModelRequest
 from runtime.options import DEFAULT_SYSTEM_PROMPT, QueryOptions
+from runtime.pricing import context_window_for
 from runtime.state import (
     MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
     ContinueReason,
     State,
     Terminal,
+    collapse_drain_retry,
     max_output_tokens_escalate,
     max_output_tokens_recovery,
     next_turn,
+    reactive_compact_retry,
     stop_hook_blocking,
+    token_budget_continuation,
 )
+from runtime.token_budget import TokenBudgetDecision
 from runtime.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPT_MESSAGE_FOR_TOOL_USE,
@@ -85,7 +103,9 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
     from actors.budget_guard import BudgetGuard
+    from actors.compactor import Compactor
     from actors.model_caller import ModelCaller
+    from actors.summarizer import HaikuSummarizer
     from actors.tool_executor import StreamingToolExecutor
 
 TURN_BUFFER = 256
@@ -166,6 +186,7 @@ class _Run:
     system: list[dict[str, Any]]
     tool_schemas: list[dict[str, Any]]
     started: float
+    context: ContextConfig
     turn_count: int = 1
     transitions: list[ContinueReason] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
@@ -179,6 +200,7 @@ class _Run:
     budget_exceeded: bool = False
     ending: bool = False
     """Set once the query is ending early: emission no longer checks the budget."""
+    task_budget_remaining: int | None = None
     turn: _Turn | None = None
     memory: str | None = None
     memory_used: bool = False
@@ -199,11 +221,15 @@ class QueryLoop(TrioActor):
         model_caller: ActorRef[ModelCaller],
         executor: ActorRef[StreamingToolExecutor],
         budget_guard: ActorRef[BudgetGuard],
+        compactor: ActorRef[Compactor],
+        summarizer: ActorRef[HaikuSummarizer],
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
         self.executor = executor
         self.budget_guard = budget_guard
+        self.compactor = compactor
+        self.summarizer = summarizer
         self.conversation: list[TranscriptMessage] = []
         self._run: _Run | None = None
         self._queued: RunQuery | None = None
@@ -246,6 +272,25 @@ class QueryLoop(TrioActor):
             ),
             tool_schemas=[t.api_schema() for t in options.tools],
             started=time.monotonic(),
+            context=ContextConfig(
+                model=options.model,
+                limits=ContextLimits(
+                    context_window=options.context_window or context_window_for(options.model),
+                    max_output_tokens=options.max_output_tokens,
+                    summary_output_reserve=options.summary_output_reserve,
+                    autocompact_buffer=options.autocompact_buffer_tokens,
+                    warning_buffer=options.warning_buffer_tokens,
+                    blocking_buffer=options.blocking_buffer_tokens,
+                ),
+                auto_compact=options.auto_compact,
+                reactive_compact=options.reactive_compact,
+                context_collapse=options.context_collapse,
+                max_tool_result_chars=options.max_tool_result_chars,
+                tool_result_preview_chars=options.tool_result_preview_chars,
+                microcompact_keep_recent=options.microcompact_keep_recent,
+                collapse_keep_recent_rounds=options.collapse_keep_recent_rounds,
+                snip_max_rounds=options.snip_max_rounds,
+            ),
         )
 
     # -- one query ----------------------------------------------------------------------
@@ -257,7 +302,12 @@ class QueryLoop(TrioActor):
         terminal = Terminal(reason="model_error", error="the query did not start")
         try:
             await self.budget_guard.ask(
-                BeginQuery(max_budget_usd=run.options.max_budget_usd, pricing=run.options.pricing),
+                BeginQuery(
+                    max_budget_usd=run.options.max_budget_usd,
+                    token_budget=run.options.token_budget,
+                    model=run.options.model,
+                    pricing=run.options.pricing,
+                ),
                 block=False,
             )
             self.conversation.append(message.prompt)
@@ -285,37 +335,41 @@ class QueryLoop(TrioActor):
         options = run.options
         while True:
             run.turn_count = state.turn_count
-            messages_for_query = messages_after_compact_boundary(state.messages)
+            prepared = await self._prepare(run, messages_after_compact_boundary(state.messages))
+            if prepared is None:  # aborted while summarizing or compacting
+                return await self._end_early(run, None, "aborted_streaming"), state
+            messages_for_query = prepared.messages
+            if prepared.compacted is not None:
+                messages_for_query = await self._install_compaction(
+                    run, prepared.compacted, prepared.pre_compact_tokens
+                )
+            if prepared.blocking:
+                await self._surface(run, _api_error_message(run, PROMPT_TOO_LONG_ERROR_MESSAGE))
+                return Terminal(reason="blocking_limit"), state
             turn, messages_for_query = await self._model_phase(run, state, messages_for_query)
             ended = turn.ended
             if run.control.abort_reason is not None or ended is None:
                 reason = abort_terminal(ended is not None, bool(turn.tool_ids))
                 return await self._end_early(run, turn, reason), state
+            # The previous batch's summary was made while this call streamed: collect it now.
+            await self._consume_summary(run, state)
             if ended.error is not None and ended.withheld is None:
                 return await self._model_error(run, turn, ended.error), state
             if ended.error is not None and ended.withheld is not None:
-                # prompt-too-long: the collapse-drain / reactive-compact cascade joins here with the Compactor.
-                await self._surface(run, ended.withheld)
-                return Terminal(reason="prompt_too_long"), state
+                recovered = await self._recover_prompt_too_long(run, state, messages_for_query)
+                if run.control.abort_reason is not None:  # aborted while compacting: the abort comes first
+                    return await self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids))), state
+                if recovered is None:
+                    await self._surface(run, ended.withheld)
+                    return Terminal(reason="prompt_too_long"), state
+                state = recovered
+                continue
 
             if not turn.tool_ids:
                 if ended.withheld is not None:  # max_tokens truncation
-                    action = max_output_tokens_action(
-                        state,
-                        max_output_tokens=options.max_output_tokens,
-                        escalated=options.escalated_max_output_tokens,
-                    )
-                    if action == "escalate":
-                        state = max_output_tokens_escalate(
-                            state, messages_for_query, options.escalated_max_output_tokens
-                        )
-                        run.transitions.append("max_output_tokens_escalate")
-                        continue
-                    if action == "recover":
-                        recovery = UserMessage(content=MAX_OUTPUT_TOKENS_RECOVERY_TEXT, is_meta=True)
-                        await self._emit(run, recovery)
-                        state = max_output_tokens_recovery(state, messages_for_query, turn.assistant_messages, recovery)
-                        run.transitions.append("max_output_tokens_recovery")
+                    retried = await self._recover_max_output_tokens(run, state, messages_for_query, turn)
+                    if retried is not None:
+                        state = retried
                         continue
                     await self._surface(run, ended.withheld)
                     return Terminal(reason="completed"), state  # an API error never reaches stop hooks
@@ -328,7 +382,11 @@ class QueryLoop(TrioActor):
                     state = stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
                     run.transitions.append("stop_hook_blocking")
                     continue
-                # the token-budget continuation gate joins here with the BudgetGuard's checkTokenBudget.
+                nudge = await self._token_budget_nudge(run)
+                if nudge is not None:
+                    state = token_budget_continuation(state, messages_for_query, turn.assistant_messages, nudge)
+                    run.transitions.append("token_budget_continuation")
+                    continue
                 return Terminal(reason="completed"), state
 
             if turn.prevent_continuation:
@@ -346,8 +404,129 @@ class QueryLoop(TrioActor):
                     ),
                 )
                 return Terminal(reason="max_turns", turn_count=state.turn_count + 1), state
-            state = next_turn(state, [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments])
+            state = next_turn(
+                state,
+                [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments],
+                self._start_summary(run, turn),
+            )
             run.transitions.append("next_turn")
+            if run.options.context_collapse:
+                self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
+
+    async def _recover_max_output_tokens(
+        self, run: _Run, state: State, messages_for_query: list[TranscriptMessage], turn: _Turn
+    ) -> State | None:
+        """Escalate once, silently; then up to three recovery messages; None: surface the error."""
+        options = run.options
+        action = max_output_tokens_action(
+            state, max_output_tokens=options.max_output_tokens, escalated=options.escalated_max_output_tokens
+        )
+        if action == "escalate":
+            run.transitions.append("max_output_tokens_escalate")
+            return max_output_tokens_escalate(state, messages_for_query, options.escalated_max_output_tokens)
+        if action == "recover":
+            recovery = UserMessage(content=MAX_OUTPUT_TOKENS_RECOVERY_TEXT, is_meta=True)
+            await self._emit(run, recovery)
+            run.transitions.append("max_output_tokens_recovery")
+            return max_output_tokens_recovery(state, messages_for_query, turn.assistant_messages, recovery)
+        return None
+
+    # -- context: summaries, the pipeline, the 413 cascade, the token budget ----------------
+
+    async def _consume_summary(self, run: _Run, state: State) -> None:
+        """The previous batch's summary, made while this iteration's model call ran; its failure costs only it.
+
+        Seed 001 says "awaited at the top of the next iteration"; it is awaited once that
+        iteration's stream has ended, so that it overlaps the model call as the seed's
+        rationale (and the reference's "resolved during model streaming") intends.
+        """
+        pending: _PendingSummary | None = state.pending_tool_use_summary
+        if pending is None:
+            return
+        summary: str | None = None
+        with self._phase(run):
+            try:
+                summary = await pending.future
+            except Exception:  # noqa: BLE001 - cancelled or failed: the summary is lost, the loop goes on
+                summary = None
+        if summary:
+            await self._emit(run, ToolUseSummaryEvent(summary=summary, preceding_tool_use_ids=pending.tool_use_ids))
+
+    def _start_summary(self, run: _Run, turn: _Turn) -> _PendingSummary | None:
+        if not run.options.tool_use_summaries or not turn.tool_ids:
+            return None
+        uses = [b for m in turn.assistant_messages for b in m.content if b.get("type") == "tool_use"]
+        results = [
+            b
+            for m in turn.tool_results
+            if isinstance(m, UserMessage) and isinstance(m.content, list)
+            for b in m.content
+            if b.get("type") == "tool_result"
+        ]
+        future = self.summarizer.ask(
+            Summarize(model=run.options.small_model, tool_uses=uses, results=results), block=False
+        )
+        return _PendingSummary(future=future, tool_use_ids=list(turn.tool_ids))
+
+    async def _prepare(self, run: _Run, messages: list[TranscriptMessage]) -> Prepared | None:
+        prepared: Prepared | None = None
+        with self._phase(run):
+            try:
+                prepared = await self.compactor.ask(Prepare(messages=messages, config=run.context), block=False)
+            except WorkCancelled:
+                prepared = None
+        return None if run.control.abort_reason is not None else prepared
+
+    async def _install_compaction(
+        self, run: _Run, compacted: list[TranscriptMessage], pre_tokens: int
+    ) -> list[TranscriptMessage]:
+        for message in compacted:
+            await self._emit(run, message)
+        if run.options.task_budget is not None:  # loop-local, updated on compaction only (seed 001)
+            remaining = run.task_budget_remaining if run.task_budget_remaining is not None else run.options.task_budget
+            run.task_budget_remaining = max(0, remaining - pre_tokens)
+        return messages_after_compact_boundary(compacted)
+
+    async def _recover_prompt_too_long(
+        self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]
+    ) -> State | None:
+        """Seed 000's cascade: collapse drain (never twice in a row), then one reactive compact."""
+        options = run.options
+        transition = state.transition
+        if options.context_collapse and (transition is None or transition.reason != "collapse_drain_retry"):
+            drained: Drained = await self.compactor.ask(DrainCollapses(messages=messages_for_query), block=False)
+            if drained.committed > 0:
+                run.transitions.append("collapse_drain_retry")
+                return collapse_drain_retry(state, drained.messages, drained.committed)
+        if options.reactive_compact and not state.has_attempted_reactive_compact:
+            compacted: Compacted | None = None
+            with self._phase(run):
+                try:
+                    compacted = await self.compactor.ask(
+                        Compact(messages=messages_for_query, config=run.context, trigger="reactive"), block=False
+                    )
+                except WorkCancelled:
+                    compacted = None
+            if compacted is not None and run.control.abort_reason is None:
+                await self._install_compaction(run, compacted.messages, compacted.pre_tokens)
+                run.transitions.append("reactive_compact_retry")
+                return reactive_compact_retry(state, compacted.messages)
+        return None
+
+    async def _token_budget_nudge(self, run: _Run) -> UserMessage | None:
+        """Seed 003's gate: a meta nudge to go on, or None to stop (with its completion event)."""
+        if run.options.token_budget is None:
+            return None
+        decision: TokenBudgetDecision = await self.budget_guard.ask(
+            CheckTokenBudget(global_turn_tokens=run.usage.output_tokens), block=False
+        )
+        if decision.action == "continue" and decision.nudge_message is not None:
+            nudge = UserMessage(content=decision.nudge_message, is_meta=True)
+            await self._emit(run, nudge)
+            return nudge
+        if decision.completion_event is not None:
+            await self._emit(run, SystemMessage(subtype="token_budget", data=decision.completion_event.model_dump()))
+        return None
 
     # -- the model call -----------------------------------------------------------------
 
@@ -419,7 +598,7 @@ class QueryLoop(TrioActor):
             tools=run.tool_schemas,
             max_tokens=state.max_output_tokens_override or run.options.max_output_tokens,
             thinking=run.options.thinking,
-            task_budget=None,
+            task_budget=_task_budget(run),
             purpose="main",
         )
 
@@ -542,10 +721,10 @@ class QueryLoop(TrioActor):
             await self._emit(run, message)
 
     async def _stop_workers(self) -> None:
-        """Cancel whatever the model call and the tools still run, and wait until it has unwound."""
+        """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it."""
         stop = Abort(reason="user")
-        await self.model_caller.ask(stop, block=False)
-        await self.executor.ask(stop, block=False)
+        for worker in (self.model_caller, self.executor, self.summarizer, self.compactor):
+            await worker.ask(stop, block=False)
 
     async def _send_outcome(self, run: _Run, terminal: Terminal, state: State) -> None:
         reason = terminal.reason
@@ -640,6 +819,27 @@ class QueryLoop(TrioActor):
                 yield
         finally:
             run.phase = None
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingSummary:
+    future: Any
+    tool_use_ids: list[str]
+
+
+def _task_budget(run: _Run) -> dict[str, int] | None:
+    total = run.options.task_budget
+    if total is None:
+        return None
+    if run.task_budget_remaining is None:
+        return {"total": total}
+    return {"total": total, "remaining": run.task_budget_remaining}
+
+
+def _api_error_message(run: _Run, text: str) -> AssistantMessage:
+    return AssistantMessage(
+        message_id="api_error", model=run.model, content=[{"type": "text", "text": text}], is_api_error=True
+    )
 
 
 def _turn_done(turn: _Turn) -> bool:

@@ -54,8 +54,10 @@ class Runtime:
     async def open_session(self, options: QueryOptions | None = None, **fields: Any) -> Session:
         """Start a session's actor group; `options` (or the fields of one) configure its queries."""
         from actors.budget_guard import BudgetGuard
+        from actors.compactor import Compactor
         from actors.model_caller import ModelCaller
         from actors.query_loop import QueryLoop
+        from actors.summarizer import HaikuSummarizer
         from actors.tool_executor import StreamingToolExecutor
         from runtime.options import QueryOptions
         from runtime.session import Session
@@ -68,7 +70,21 @@ class Runtime:
         budget = group.spawn(BudgetGuard, parent=self.host_budget)
         executor = group.spawn(StreamingToolExecutor)
         caller = group.spawn(ModelCaller, options.provider, executor=executor)
-        loop = group.spawn(QueryLoop, model_caller=caller, executor=executor, budget_guard=budget)
+        compactor = group.spawn(
+            Compactor,
+            options.compact_provider or options.provider,
+            budget_guard=budget,
+            session_dir=options.session_dir,
+        )
+        summarizer = group.spawn(HaikuSummarizer, options.summary_provider or options.provider, budget_guard=budget)
+        loop = group.spawn(
+            QueryLoop,
+            model_caller=caller,
+            executor=executor,
+            budget_guard=budget,
+            compactor=compactor,
+            summarizer=summarizer,
+        )
         return Session(group, options, loop)
 
     async def start_group(self, session_id: str | None = None) -> Supervisor:

@@ -84,6 +84,8 @@ class AssistantMessage(Event):
     model: str
     content: list[Block]
     stop_reason: str | None = None
+    usage: Usage | None = None
+    """The response's usage as known when this block completed (input side final, output partial)."""
     is_api_error: bool = False
     """A synthetic message that reports an API error to the user; never sent back to the model."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -61,6 +62,36 @@ class QueryOptions(BaseModel):
     memory_prefetch: MemoryPrefetch | None = None
     provider: ModelProvider | None = None
     """The model provider (dependency injection); `Runtime.open_session` requires one."""
+    small_model: str = "claude-haiku-5-5"
+    """The model of the runtime's own small calls (tool-use summaries)."""
+    tool_use_summaries: bool = False
+    """Summarize each tool batch with `small_model` while the next call runs (`tool_use_summary` events)."""
+    summary_provider: ModelProvider | None = None
+    """Provider of the summaries; the main provider when None."""
+    compact_provider: ModelProvider | None = None
+    """Provider of the compaction calls (made with `model`); the main provider when None."""
+
+    # -- context management (defaults after Claude Code's; see runtime/context.py) --
+    reactive_compact: bool = True
+    """On a prompt-too-long error, compact once and retry."""
+    context_collapse: bool = True
+    """Stage collapses of older rounds in the background; commit them on a prompt-too-long error."""
+    max_tool_result_chars: int = Field(default=50_000, ge=100)
+    """A larger tool result is written to the session directory and replaced by a preview and its path."""
+    tool_result_preview_chars: int = Field(default=2_000, ge=0)
+    microcompact_keep_recent: int = Field(default=8, ge=0)
+    """Past the warning threshold, all but this many newest tool results have their content cleared."""
+    collapse_keep_recent_rounds: int = Field(default=4, ge=1)
+    snip_max_rounds: int | None = Field(default=None, ge=1)
+    """Drop the oldest rounds beyond this many (off by default)."""
+    summary_output_reserve: int = Field(default=20_000, ge=1)
+    autocompact_buffer_tokens: int = Field(default=13_000, ge=0)
+    warning_buffer_tokens: int = Field(default=20_000, ge=0)
+    blocking_buffer_tokens: int = Field(default=3_000, ge=0)
+    task_budget: int | None = Field(default=None, ge=1)
+    """A server-side token budget for the task, sent as `task_budget` with what remains of it."""
+    session_dir: Path | None = None
+    """Where oversized tool results are written; a temporary directory when None."""
     event_buffer: int = Field(default=64, ge=1)
     """Events buffered between the loop and a slow consumer before the loop waits (backpressure)."""
 
@@ -72,7 +103,8 @@ class QueryOptions(BaseModel):
             msg = f"tools: duplicate tool names {duplicates}"
             raise ValueError(msg)
         # A model without a known price is refused here, not priced at $0 later.
-        for model in (self.model, self.fallback_model):
-            if model is not None:
-                pricing_for(model, self.pricing)
+        pricing_for(self.model, self.pricing)
+        for model in (self.fallback_model, self.small_model):
+            if model is not None and model != self.model:
+                pricing_for(model)
         return self

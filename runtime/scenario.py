@@ -9,7 +9,8 @@ the runner, never from inside the work they abort.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,9 +22,10 @@ from runtime._runtime import Runtime
 from runtime.errors import QueryloopError
 from runtime.events import QueryEvent, StreamEvent, UserMessage
 from runtime.hooks import HookDecision, PostToolUseInput, StopHookInput
+from runtime.model import ModelRequest
 from runtime.options import QueryOptions
 from runtime.pricing import Pricing
-from runtime.scripted import ScriptedModel, ScriptEntry, parse_entry
+from runtime.scripted import ScriptedModel, ScriptEntry, fixed_reply_model, parse_entry
 from runtime.tools import Tool, ToolContext, ToolError, ToolOutput
 from runtime.transcript import transcript_problems
 
@@ -105,6 +107,9 @@ def load_scenario(source: str | Path | dict[str, Any]) -> Scenario:
             raw = json.loads(path.read_text() if path.exists() else str(source))
         scenario = Scenario.model_validate(raw)
         scenario.entries()  # model entries are validated too (unknown keys included)
+        for script in (scenario.summarizer_model or [], scenario.compact_model or []):
+            for entry in script:
+                parse_entry(entry)
     except json.JSONDecodeError as error:
         msg = f"not valid JSON: {error}"
         raise ScenarioError(msg) from error
@@ -173,6 +178,18 @@ async def run_scenario(scenario: Scenario) -> dict[str, Any]:
     fire = trio.Event()
     script = _Script(scenario, model, fire)
     o = scenario.options
+    abort = scenario.abort
+    summarizer = (
+        ScriptedModel([parse_entry(e) for e in scenario.summarizer_model], name="summarizer")
+        if scenario.summarizer_model is not None
+        else fixed_reply_model("Ran the tools", name="summarizer")
+    )
+    compactor = (
+        ScriptedModel([parse_entry(e) for e in scenario.compact_model], name="compactor")
+        if scenario.compact_model is not None
+        else fixed_reply_model("Summary of the conversation so far.", name="compactor")
+    )
+    compacting = abort is not None and abort.phase == "compacting"
     options = QueryOptions(
         model=o.model,
         fallback_model=o.fallback_model,
@@ -188,8 +205,10 @@ async def run_scenario(scenario: Scenario) -> dict[str, Any]:
         stop_hooks=[script.stop_hook] if scenario.stop_hooks else [],
         post_tool_use_hooks=[script.post_tool_use] if scenario.post_tool_use_hooks else [],
         provider=model,
+        tool_use_summaries=True,
+        summary_provider=summarizer,
+        compact_provider=_Watched(compactor, fire if compacting else None),
     )
-    abort = scenario.abort
     labels: list[str] = []
     events: list[QueryEvent] = []
     async with Runtime.open() as runtime:
@@ -236,6 +255,21 @@ async def run_scenario(scenario: Scenario) -> dict[str, Any]:
         transcript=transcript,
         leftover=leftover,
     )
+
+
+class _Watched:
+    """A provider that fires the abort trigger when its first call starts (the `compacting` phase)."""
+
+    def __init__(self, inner: ScriptedModel, fire: trio.Event | None) -> None:
+        self.inner = inner
+        self.fire = fire
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+        if self.fire is not None:
+            self.fire.set()
+        async with aclosing(self.inner.stream(request)) as events:
+            async for event in events:
+                yield event
 
 
 def _verdict(

@@ -154,6 +154,11 @@ def scripted_error(entry: ScriptedError) -> ModelError | FallbackTriggered:
     return ModelError("connection", "stream ended before message_stop")
 
 
+def fixed_reply_model(text: str, *, name: str) -> ScriptedModel:
+    """A provider that answers every request with `text` (the scenarios' default summarizer and compactor)."""
+    return ScriptedModel([ScriptedReply(content=[{"type": "text", "text": text}])], name=name, repeat=True)
+
+
 class ScriptExhausted(ModelError):
     """The script has no entry left for a request: an error in the verdict, never a hang."""
 
@@ -161,9 +166,13 @@ class ScriptExhausted(ModelError):
 class ScriptedModel:
     """A provider that plays back scripted entries, one per request, and records the requests."""
 
-    def __init__(self, entries: Sequence[ScriptEntry | dict[str, Any]], *, name: str = "model") -> None:
+    def __init__(
+        self, entries: Sequence[ScriptEntry | dict[str, Any]], *, name: str = "model", repeat: bool = False
+    ) -> None:
         self.entries: list[ScriptEntry] = [parse_entry(e) if isinstance(e, dict) else e for e in entries]
         self.name = name
+        self.repeat = repeat
+        """Play the entries round and round instead of running out."""
         self.requests: list[ModelRequest] = []
         self.exhausted = False
 
@@ -173,6 +182,8 @@ class ScriptedModel:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
         number = len(self.requests)
         self.requests.append(request)
+        if self.repeat and self.entries:
+            number %= len(self.entries)
         if number >= len(self.entries):
             self.exhausted = True
             msg = f"the scripted {self.name} has no reply left for request {number + 1}"

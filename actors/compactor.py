@@ -1,0 +1,269 @@
+"""Compactor: keeps a loop inside its context window (seed 002's pipeline, seed 000's 413 cascade).
+
+`Prepare` runs the pipeline on the messages of one iteration, lightest first:
+tool-result budget (oversized results written to the session's directory,
+replaced by a preview and the path), snip, microcompact, (context collapse is
+staged in the background and only committed on overflow), autocompact when the
+count reaches the threshold (a summary from the compaction model, a
+`compact_boundary`, the summary as the new start), then the preemptive
+blocking-limit check, which applies only when autocompact and reactive compact
+are not both on.
+
+`StageCollapse` (told after each turn) stages a collapse of the older rounds;
+`DrainCollapses` commits what is staged (the 413 cascade's first step);
+`Compact` with trigger `reactive` is its second step. A failed compaction
+costs the compaction, never the loop: `Compacted` is then None.
+"""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import trio
+from pydantic import ConfigDict
+
+from actors.budget_guard import RecordUsage
+from runtime.actor import TrioActor
+from runtime.context import (
+    COMPACT_INSTRUCTIONS,
+    ContextLimits,
+    StagedCollapse,
+    apply_tool_result_budget,
+    commit_collapses,
+    fit_for_summary,
+    microcompact,
+    post_compact_messages,
+    snip,
+    stage_collapse,
+    token_count_with_estimation,
+)
+from runtime.events import TranscriptMessage, UserMessage
+from runtime.messages import Message
+from runtime.model import ModelError, ModelProvider, ModelRequest
+from runtime.stream import ResponseAssembler
+from runtime.transcript import normalize_messages_for_api
+
+if TYPE_CHECKING:
+    from pykka import ActorRef
+
+    from actors.budget_guard import BudgetGuard
+
+MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
+"""After this many failed autocompactions in a row the Compactor stops trying (a circuit breaker)."""
+
+COMPACT_SYSTEM_PROMPT = "You are a helpful AI assistant tasked with summarizing conversations."
+
+
+class ContextConfig(Message):
+    """The context settings of one query (part of its config snapshot)."""
+
+    model: str
+    limits: ContextLimits
+    auto_compact: bool
+    reactive_compact: bool
+    context_collapse: bool
+    max_tool_result_chars: int
+    tool_result_preview_chars: int
+    microcompact_keep_recent: int
+    collapse_keep_recent_rounds: int
+    snip_max_rounds: int | None
+
+
+class Prepare(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    messages: list[TranscriptMessage]
+    config: ContextConfig
+
+
+class Prepared(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    messages: list[TranscriptMessage]
+    tokens: int
+    compacted: list[TranscriptMessage] | None = None
+    """The boundary and summary that now start the conversation, if an autocompaction ran."""
+    pre_compact_tokens: int = 0
+    snip_tokens_freed: int = 0
+    blocking: bool = False
+
+
+class Compact(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    messages: list[TranscriptMessage]
+    config: ContextConfig
+    trigger: Literal["auto", "reactive"]
+
+
+class Compacted(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    messages: list[TranscriptMessage]
+    pre_tokens: int
+
+
+class StageCollapse(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    messages: list[TranscriptMessage]
+    config: ContextConfig
+
+
+class DrainCollapses(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    messages: list[TranscriptMessage]
+
+
+class Drained(Message):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    messages: list[TranscriptMessage]
+    committed: int
+
+
+class Compactor(TrioActor):
+    actor_name = "Compactor"
+
+    def __init__(
+        self,
+        provider: ModelProvider,
+        *,
+        budget_guard: ActorRef[BudgetGuard] | None = None,
+        session_dir: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.provider = provider
+        self.budget_guard = budget_guard
+        self.session_dir = session_dir
+        self.compactions = 0
+        self._failures = 0
+        self._staged: list[StagedCollapse] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Prepare):
+            return self._prepare(message)
+        if isinstance(message, Compact):
+            return self._compact(message.messages, message.config, message.trigger)
+        if isinstance(message, StageCollapse):
+            self._stage(message)
+            return None
+        if isinstance(message, DrainCollapses):
+            drained, committed = commit_collapses(message.messages, self._staged)
+            self._staged = []
+            return Drained(messages=drained, committed=committed)
+        return super().on_receive(message)
+
+    @property
+    def staged(self) -> int:
+        return len(self._staged)
+
+    async def _prepare(self, request: Prepare) -> Prepared:
+        config = request.config
+        limits = config.limits
+        pending: list[tuple[Path, str]] = []
+
+        def store(tool_use_id: str, text: str) -> str:
+            path = self._results_dir() / f"{tool_use_id}.txt"
+            pending.append((path, text))
+            return str(path)
+
+        messages, _ = apply_tool_result_budget(
+            request.messages,
+            max_chars=config.max_tool_result_chars,
+            preview_chars=config.tool_result_preview_chars,
+            store=store,
+        )
+        if pending:
+            await trio.to_thread.run_sync(_write_all, pending)
+        messages, snip_freed = snip(messages, config.snip_max_rounds)
+        tokens = token_count_with_estimation(messages)
+        if tokens >= limits.warning_threshold:
+            messages, _ = microcompact(messages, config.microcompact_keep_recent)
+            tokens = token_count_with_estimation(messages)
+        if (
+            config.auto_compact
+            and tokens >= limits.autocompact_threshold
+            and self._failures < MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES
+        ):
+            compacted = await self._compact(messages, config, "auto")
+            if compacted is not None:
+                return Prepared(
+                    messages=compacted.messages,
+                    tokens=token_count_with_estimation(compacted.messages),
+                    compacted=compacted.messages,
+                    pre_compact_tokens=compacted.pre_tokens,
+                    snip_tokens_freed=snip_freed,
+                )
+        blocking_check = not (config.reactive_compact and config.auto_compact)
+        blocking = blocking_check and tokens - snip_freed >= limits.blocking_limit
+        return Prepared(messages=messages, tokens=tokens, snip_tokens_freed=snip_freed, blocking=blocking)
+
+    async def _compact(
+        self, messages: list[TranscriptMessage], config: ContextConfig, trigger: Literal["auto", "reactive"]
+    ) -> Compacted | None:
+        pre_tokens = token_count_with_estimation(messages)
+        budget = config.limits.context_window - config.limits.summary_output_reserve
+        source = fit_for_summary(messages, budget)
+        request = ModelRequest(
+            model=config.model,
+            system=[{"type": "text", "text": COMPACT_SYSTEM_PROMPT}],
+            messages=normalize_messages_for_api([*source, UserMessage(content=COMPACT_INSTRUCTIONS)]),
+            max_tokens=config.limits.summary_output_reserve,
+            purpose="compact",
+        )
+        try:
+            summary = await self._summarize(request)
+        except ModelError as error:
+            self._failures += 1
+            self.log.warning("{} compaction failed: {!r}", trigger, error)
+            return None
+        self._failures = 0
+        self.compactions += 1
+        self._staged = []  # staged spans refer to messages the summary has replaced
+        return Compacted(
+            messages=post_compact_messages(summary, trigger=trigger, pre_tokens=pre_tokens), pre_tokens=pre_tokens
+        )
+
+    async def _summarize(self, request: ModelRequest) -> str:
+        assembler = ResponseAssembler()
+        texts: list[str] = []
+        async with aclosing(self.provider.stream(request)) as stream:
+            async for raw in stream:
+                completed = assembler.feed(raw)
+                if completed is not None and completed.block.get("type") == "text":
+                    texts.append(completed.block.get("text", ""))
+        if not assembler.stopped:
+            raise ModelError("connection", "compaction stream ended before message_stop")
+        if self.budget_guard is not None:
+            self.budget_guard.tell(RecordUsage(model=request.model, usage=assembler.usage, query_usage=False))
+        summary = "".join(texts).strip()
+        if not summary:
+            raise ModelError("api_error", "the compaction model returned no summary")
+        return summary
+
+    def _stage(self, request: StageCollapse) -> None:
+        config = request.config
+        if not config.context_collapse:
+            return
+        if token_count_with_estimation(request.messages) < config.limits.warning_threshold:
+            return
+        staged = stage_collapse(request.messages, config.collapse_keep_recent_rounds)
+        if staged is not None:
+            self._staged = [staged]
+
+    def _results_dir(self) -> Path:
+        if self.session_dir is None:
+            import tempfile
+
+            self.session_dir = Path(tempfile.mkdtemp(prefix=f"queryloop-{self.supervisor.session_id}-"))
+        return self.session_dir / "tool-results"
+
+
+def _write_all(pending: list[tuple[Path, str]]) -> None:
+    for path, text in pending:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)

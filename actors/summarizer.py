@@ -1,0 +1,82 @@
+"""HaikuSummarizer: a short summary of each tool batch, made while the next model call runs.
+
+The QueryLoop asks for it at `next_turn` and awaits the answer at the top of
+the next iteration (seed 001), so a summary that takes as long as the main call
+adds no wall time. The summary is work of this actor: an abort cancels it. Any
+failure costs the summary (the answer is None), never the loop.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+from actors.budget_guard import RecordUsage
+from runtime.actor import TrioActor
+from runtime.events import Block
+from runtime.messages import Message
+from runtime.model import ModelProvider, ModelRequest
+from runtime.stream import ResponseAssembler
+
+if TYPE_CHECKING:
+    from pykka import ActorRef
+
+    from actors.budget_guard import BudgetGuard
+
+SUMMARY_PROMPT = (
+    "Summarize in one short line (under 12 words, no period) what these tool calls did, for a collapsed "
+    "view in a user interface."
+)
+RESULT_PREVIEW_CHARS = 300
+
+
+class Summarize(Message):
+    model: str
+    tool_uses: list[Block]
+    results: list[Block]
+
+
+class HaikuSummarizer(TrioActor):
+    actor_name = "HaikuSummarizer"
+
+    def __init__(self, provider: ModelProvider, *, budget_guard: ActorRef[BudgetGuard] | None = None) -> None:
+        super().__init__()
+        self.provider = provider
+        self.budget_guard = budget_guard
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Summarize):
+            return self._summarize(message)
+        return super().on_receive(message)
+
+    async def _summarize(self, message: Summarize) -> str | None:
+        calls = [
+            {
+                "tool": use.get("name"),
+                "input": use.get("input"),
+                "result": str(result.get("content", ""))[:RESULT_PREVIEW_CHARS],
+            }
+            for use, result in zip(message.tool_uses, message.results, strict=False)
+        ]
+        request = ModelRequest(
+            model=message.model,
+            system=[{"type": "text", "text": SUMMARY_PROMPT}],
+            messages=[{"role": "user", "content": [{"type": "text", "text": json.dumps(calls)}]}],
+            max_tokens=64,
+            purpose="summary",
+        )
+        try:
+            assembler = ResponseAssembler()
+            texts: list[str] = []
+            async with aclosing(self.provider.stream(request)) as stream:
+                async for raw in stream:
+                    completed = assembler.feed(raw)
+                    if completed is not None and completed.block.get("type") == "text":
+                        texts.append(completed.block.get("text", ""))
+        except Exception as error:  # noqa: BLE001 - the summary is optional; its failure costs only itself
+            self.log.warning("tool-use summary failed: {!r}", error)
+            return None
+        if self.budget_guard is not None and assembler.stopped:
+            self.budget_guard.tell(RecordUsage(model=message.model, usage=assembler.usage, query_usage=False))
+        return "".join(texts).strip() or None
