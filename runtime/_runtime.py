@@ -87,6 +87,17 @@ class Runtime:
         )
         return Session(group, options, loop)
 
+    async def open_host_budget(self, max_budget_usd: float) -> ActorRef[BudgetGuard]:
+        """One BudgetGuard above every session opened from now on: their spend, summed, is capped here.
+
+        A query whose call takes the host's total to the cap ends `max_budget_usd`, as its own cap would.
+        """
+        from actors.budget_guard import BudgetGuard
+
+        group = await self.start_group(f"{self._prefix}-host-budget")
+        self.host_budget = group.spawn(BudgetGuard, max_budget_usd=max_budget_usd)
+        return self.host_budget
+
     async def start_group(self, session_id: str | None = None) -> Supervisor:
         """Open an empty actor group for a session; `Supervisor.spawn` fills it."""
         session_id = session_id or self.new_session_id()

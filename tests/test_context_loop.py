@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -404,3 +405,25 @@ async def test_two_hundred_turns_with_large_tool_results_stay_inside_the_window(
             assert sum(len(str(m)) for m in request.messages) // 4 < window
         assert transcript_problems(await session.transcript()) == []
         await assert_settled(ran)
+
+
+async def test_a_host_wide_budget_guard_caps_the_sum_over_sessions() -> None:
+    from runtime.pricing import Pricing
+
+    price = Pricing(input=3.0, output=15.0, cache_write=3.75, cache_read=0.3)
+    usage = {"input_tokens": 100_000, "output_tokens": 0}  # $0.30 a call
+    async with Runtime.open() as runtime:
+        host = await runtime.open_host_budget(max_budget_usd=0.5)
+        first_model = ScriptedModel([text_reply("one", usage=usage)])
+        second_model = ScriptedModel([tools_reply(tool_use("t", "read"), usage=usage), text_reply("never")])
+        first = await runtime.open_session(QueryOptions(provider=first_model, pricing=price, max_budget_usd=10))
+        second = await runtime.open_session(
+            QueryOptions(provider=second_model, pricing=price, max_budget_usd=10, tools=[scripted_tool("read")])
+        )
+        ran_first = await consume(first, first.query("a"), first_model)
+        ran_second = await consume(second, second.query("b"), second_model)
+        assert ran_first.reason == "completed"  # $0.30 of $0.50
+        assert ran_second.reason == "max_budget_usd"  # $0.60: the host's cap, not its own $10
+        assert len(second_model.requests) == 1
+        assert await host.proxy().session_cost_usd == pytest.approx(0.6, abs=1e-4)
+        await assert_settled(ran_second)
