@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from runtime.events import AssistantMessage, Block, SystemMessage, TranscriptMessage, UserMessage
+from runtime.token_budget import math_round
 
 CLEARED_TOOL_RESULT = "[Old tool result content cleared]"
 COMPACT_SUMMARY_PREFIX = (
@@ -74,7 +75,7 @@ class TokenWarningState:
 def token_warning_state(tokens: int, limits: ContextLimits) -> TokenWarningState:
     left = max(0, limits.autocompact_threshold - tokens)
     return TokenWarningState(
-        percent_left=round(100 * left / max(1, limits.autocompact_threshold)),
+        percent_left=math_round(100 * left / max(1, limits.autocompact_threshold)),
         above_warning=tokens >= limits.warning_threshold,
         above_autocompact=tokens >= limits.autocompact_threshold,
         at_blocking_limit=tokens >= limits.blocking_limit,
@@ -164,7 +165,8 @@ def apply_tool_result_budget(
             changed = False
             for block in message.content:
                 text = _result_text(block)
-                if text is not None and len(text) > max_chars:
+                # A result already persisted is never persisted again: its file holds the full output.
+                if text is not None and len(text) > max_chars and not text.startswith("<persisted-output>"):
                     path = store(block["tool_use_id"], text)
                     preview = (
                         f"<persisted-output>\nOutput too large ({len(text)} characters). "

@@ -8,6 +8,7 @@ that each added fewer than 500 tokens stop it with `diminishing_returns`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -51,9 +52,9 @@ class TokenBudgetDecision(BaseModel):
     budget: int | None = None
 
 
-def _round_half_up(value: float) -> int:
-    # JavaScript's Math.round, which the reference uses (Python's round() rounds half to even).
-    return int(value + 0.5) if value >= 0 else -int(-value + 0.5)
+def math_round(value: float) -> int:
+    """JavaScript's `Math.round`, which the reference uses: floor(x + 0.5) (Python's round() rounds half to even)."""
+    return math.floor(value + 0.5)
 
 
 def budget_continuation_message(pct: int, turn_tokens: int, budget: int) -> str:
@@ -68,7 +69,7 @@ def check_token_budget(
         return TokenBudgetDecision(action="stop")
 
     turn_tokens = global_turn_tokens
-    pct = _round_half_up(turn_tokens / budget * 100)
+    pct = math_round(turn_tokens / budget * 100)
     delta_since_last_check = global_turn_tokens - tracker.last_global_turn_tokens
 
     is_diminishing = (
