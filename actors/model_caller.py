@@ -11,7 +11,8 @@ answered with an error and never run.
 Errors: 429 / 529 / 5xx / a cut connection are retried with backoff
 (honouring `retry-after`) up to `max_retries` times, but only while nothing of
 that request has been emitted; each retry is announced with a
-`system:api_retry` message. Prompt-too-long and `max_tokens` truncation are
+`system:api_retry` message; when a request stays overloaded and a fallback model
+is configured, the call ends asking for the fallback. Prompt-too-long and `max_tokens` truncation are
 *withheld*: `CallEnded.withheld` carries the error message for the QueryLoop's
 recovery instead of emitting it. A fallback request ends the call with
 `CallEnded.fallback`.
@@ -54,6 +55,8 @@ class StartCall(Message):
     request: ModelRequest
     sink: trio.MemorySendChannel[Any]
     max_retries: int
+    fallback_available: bool = False
+    """Persistent overload (retries exhausted on 529s) then asks for the fallback model, as the reference does."""
 
 
 class CallEnded(Message):
@@ -124,6 +127,9 @@ class ModelCaller(TrioActor):
                     attempt += 1
                     await self._announce_retry_and_wait(call, error, attempt)
                     continue
+                if error.kind == "overloaded" and call.fallback_available and not progress.emitted:
+                    await call.sink.send(CallEnded(fallback=True))
+                    return
                 withheld = None
                 if error.kind == "prompt_too_long":
                     withheld = _api_error(call, PROMPT_TOO_LONG_ERROR_MESSAGE)

@@ -578,6 +578,7 @@ class QueryLoop(TrioActor):
                 request=self._request(run, state, messages_for_query),
                 sink=send,
                 max_retries=options.max_retries,
+                fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
             )
         )
         with self._phase(run):

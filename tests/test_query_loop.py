@@ -925,3 +925,19 @@ async def test_sessions_are_isolated_an_abort_in_one_leaves_the_other_untouched(
         assert results["calm"].handle.result.result == "calm done"
         for ran in results.values():
             await assert_settled(ran)
+
+
+async def test_persistent_overload_switches_to_the_fallback_model(autojump_clock: trio.testing.MockClock) -> None:
+    async with Runtime.open() as runtime:
+        ran = await run_query(
+            runtime,
+            [{"error": "overloaded"}] * 3 + [text_reply("From the fallback.")],
+            max_retries=2,
+            model="claude-sonnet-5-5",
+            fallback_model="claude-haiku-5-5",
+        )
+        assert ran.reason == "completed"
+        assert [r.model for r in ran.model.requests] == ["claude-sonnet-5-5"] * 3 + ["claude-haiku-5-5"]
+        assert "system:model_fallback" in ran.labels
+        assert ran.handle.transitions == []
+        await assert_settled(ran)
