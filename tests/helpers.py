@@ -102,8 +102,8 @@ class Ran:
         return texts
 
 
-async def open_session(runtime: Runtime, model: ScriptedModel, **options: Any) -> Session:
-    return await runtime.open_session(QueryOptions(provider=model, **options))
+async def open_session(runtime: Runtime, provider: ScriptedModel, **options: Any) -> Session:
+    return await runtime.open_session(QueryOptions(provider=provider, **options))
 
 
 async def consume(session: Session, handle: QueryHandle, model: ScriptedModel) -> Ran:
@@ -114,9 +114,9 @@ async def consume(session: Session, handle: QueryHandle, model: ScriptedModel) -
 async def run_query(
     runtime: Runtime, entries: list[dict[str, Any]], prompt: str = "Fix the bug", **options: Any
 ) -> Ran:
-    model = ScriptedModel(entries)
-    session = await open_session(runtime, model, **options)
-    return await consume(session, session.query(prompt), model)
+    scripted = ScriptedModel(entries)
+    session = await open_session(runtime, scripted, **options)
+    return await consume(session, session.query(prompt), scripted)
 
 
 async def assert_settled(ran: Ran) -> None:
