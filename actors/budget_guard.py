@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from runtime.actor import TrioActor
 from runtime.events import Usage
@@ -45,6 +45,12 @@ class RecordUsage(Message):
     usage: Usage
     query_usage: bool = True
     """False for the runtime's own calls (summaries, compaction): their cost counts, their tokens do not."""
+
+
+class SettleQuery(Message):
+    """Record `calls` (an uncapped query's, collected by the loop) and answer the query's `BudgetStatus`."""
+
+    calls: list[RecordUsage] = Field(default_factory=list)
 
 
 class CheckTokenBudget(Message):
@@ -103,6 +109,10 @@ class BudgetGuard(TrioActor):
             self._priced_model, self._pricing = message.model, message.pricing
             self._token_budget, self._tracker = message.token_budget, BudgetTracker()
             return None
+        if isinstance(message, SettleQuery):
+            for call in message.calls:
+                self._record(call)
+            return self._status()
         if isinstance(message, CheckTokenBudget):
             return check_token_budget(self._tracker, None, self._token_budget, message.global_turn_tokens)
         if isinstance(message, HostSpend):

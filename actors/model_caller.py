@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 from pydantic import ConfigDict
 
-from actors.tool_executor import AddTool
+from actors.tool_executor import AddTool, BeginTurn
 from runtime.actor import TrioActor
 from runtime.events import AssistantMessage, StreamEvent, SystemMessage, Usage
+from runtime.flow import deliver
 from runtime.messages import Message
 from runtime.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from runtime.stream import CompletedBlock, ResponseAssembler
@@ -54,6 +55,8 @@ class StartCall(Message):
 
     request: ModelRequest
     sink: trio.MemorySendChannel[Any]
+    turn: BeginTurn
+    """What the executor needs to run this call's tools (passed on with each `AddTool`)."""
     max_retries: int
     fallback_available: bool = False
     """Persistent overload (retries exhausted on 529s) then asks for the fallback model, as the reference does."""
@@ -128,7 +131,7 @@ class ModelCaller(TrioActor):
                     await self._announce_retry_and_wait(call, error, attempt)
                     continue
                 if error.kind == "overloaded" and call.fallback_available and not progress.emitted:
-                    await call.sink.send(CallEnded(fallback=True))
+                    await deliver(call.sink, CallEnded(fallback=True))
                     return
                 withheld = None
                 if error.kind == "prompt_too_long":
@@ -137,7 +140,7 @@ class ModelCaller(TrioActor):
             except Exception as error:  # noqa: BLE001 - a provider's bug is this call's model error, not a dead session
                 self.log.opt(exception=error).error("model provider raised an unclassified error")
                 ended = CallEnded(error=ModelError("api_error", f"{type(error).__name__}: {error}"))
-            await call.sink.send(ended)
+            await deliver(call.sink, ended)
             return
 
     async def _stream_once(self, call: StartCall, progress: _Progress) -> CallEnded:
@@ -146,7 +149,7 @@ class ModelCaller(TrioActor):
         async with aclosing(self.provider.stream(call.request)) as stream:
             async for raw in stream:
                 progress.emitted = True
-                await call.sink.send(StreamEvent(event=raw))
+                await deliver(call.sink, StreamEvent(event=raw))
                 completed = assembler.feed(raw)
                 if completed is not None:
                     await self._hand_over(completed, assembler, call)
@@ -161,12 +164,13 @@ class ModelCaller(TrioActor):
 
     async def _announce_retry_and_wait(self, call: StartCall, error: ModelError, attempt: int) -> None:
         delay = self.retry_delay(attempt - 1, error)
-        await call.sink.send(
+        await deliver(
+            call.sink,
             SystemMessage(
                 subtype="api_retry",
                 content=f"API error ({error.kind}); retrying in {delay:.1f}s (attempt {attempt}/{call.max_retries})",
                 data={"attempt": attempt, "delay_s": delay, "kind": error.kind},
-            )
+            ),
         )
         await trio.sleep(delay)
 
@@ -175,9 +179,11 @@ class ModelCaller(TrioActor):
         message = AssistantMessage(
             message_id=assembler.message_id, model=call.request.model, content=[completed.block], usage=assembler.usage
         )
-        await call.sink.send(message)
+        await deliver(call.sink, message)
         if completed.block.get("type") == "tool_use" and self.executor is not None:
-            self.executor.tell(AddTool(block=completed.block, input_error=completed.input_error))
+            self.executor.tell(
+                AddTool.model_construct(block=completed.block, turn=call.turn, input_error=completed.input_error)
+            )
 
 
 def _api_error(call: StartCall, text: str) -> AssistantMessage:

@@ -20,14 +20,15 @@ as they are emitted, so the conversation is always what the consumer saw.
 from __future__ import annotations
 
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 from pydantic import ConfigDict
 
-from actors.budget_guard import BeginQuery, BudgetStatus, CheckTokenBudget, RecordUsage
+from actors.budget_guard import BeginQuery, BudgetStatus, CheckTokenBudget, RecordUsage, SettleQuery
 from actors.compactor import (
     Compact,
     Compacted,
@@ -41,8 +42,8 @@ from actors.compactor import (
 from actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded, StartCall
 from actors.summarizer import Summarize
 from actors.tool_executor import BeginTurn, Discard, RemainingResults, ToolResult
-from runtime.actor import TrioActor
-from runtime.context import ContextLimits
+from runtime.actor import TrioActor, TrioActorRef
+from runtime.context import ContextLimits, pipeline_needed
 from runtime.decisions import (
     abort_terminal,
     max_output_tokens_action,
@@ -66,6 +67,7 @@ from runtime.events import (
     Usage,
     UserMessage,
 )
+from runtime.flow import drain
 from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
 from runtime.messages import Abort, AbortReason, Message
 from runtime.model import ModelError, ModelRequest
@@ -167,6 +169,8 @@ class _Turn:
     """One model call and its tools."""
 
     receive: trio.MemoryReceiveChannel[Any]
+    backlog: deque[Any] = field(default_factory=deque)
+    """Items taken from `receive` in one wakeup and not yet dispatched (kept if dispatching raises)."""
     assistant_messages: list[AssistantMessage] = field(default_factory=list)
     tool_results: list[TranscriptMessage] = field(default_factory=list)
     tool_ids: list[str] = field(default_factory=list)
@@ -185,11 +189,14 @@ class _Run:
     model: str
     system: list[dict[str, Any]]
     tool_schemas: list[dict[str, Any]]
+    tools: dict[str, Any]
     started: float
     context: ContextConfig
     turn_count: int = 1
     transitions: list[ContinueReason] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    unsettled: list[RecordUsage] = field(default_factory=list)
+    """Calls of an uncapped query, reported to the BudgetGuard in one message at the end."""
     cost_usd: float = 0.0
     last_stop_reason: str | None = None
     last_text: str = ""
@@ -223,6 +230,7 @@ class QueryLoop(TrioActor):
         budget_guard: ActorRef[BudgetGuard],
         compactor: ActorRef[Compactor],
         summarizer: ActorRef[HaikuSummarizer],
+        host_capped: bool = False,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
@@ -230,6 +238,8 @@ class QueryLoop(TrioActor):
         self.budget_guard = budget_guard
         self.compactor = compactor
         self.summarizer = summarizer
+        self.host_capped = host_capped
+        """A host-wide budget sits above this session: every call's cost must be checked."""
         self.conversation: list[TranscriptMessage] = []
         self._run: _Run | None = None
         self._queued: RunQuery | None = None
@@ -271,6 +281,7 @@ class QueryLoop(TrioActor):
                 system_context=options.system_context,
             ),
             tool_schemas=[t.api_schema() for t in options.tools],
+            tools={t.name: t for t in options.tools},
             started=time.monotonic(),
             context=ContextConfig(
                 model=options.model,
@@ -301,14 +312,13 @@ class QueryLoop(TrioActor):
         state = State(messages=[])
         terminal = Terminal(reason="model_error", error="the query did not start")
         try:
-            await self.budget_guard.ask(
+            self.budget_guard.tell(
                 BeginQuery(
                     max_budget_usd=run.options.max_budget_usd,
                     token_budget=run.options.token_budget,
                     model=run.options.model,
                     pricing=run.options.pricing,
-                ),
-                block=False,
+                )
             )
             self.conversation.append(message.prompt)
             state = State(messages=list(self.conversation))
@@ -469,6 +479,16 @@ class QueryLoop(TrioActor):
         return _PendingSummary(future=future, tool_use_ids=list(turn.tool_ids))
 
     async def _prepare(self, run: _Run, messages: list[TranscriptMessage]) -> Prepared | None:
+        context = run.context
+        if not pipeline_needed(
+            messages,
+            context.limits,
+            max_tool_result_chars=context.max_tool_result_chars,
+            snip_max_rounds=context.snip_max_rounds,
+        ):
+            return Prepared.model_construct(
+                messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False
+            )
         prepared: Prepared | None = None
         with self._phase(run):
             try:
@@ -565,25 +585,29 @@ class QueryLoop(TrioActor):
             return turn  # aborted before the request: nothing is started
         await self._emit(run, StreamRequestStart())
         options = run.options
-        self.executor.tell(
-            BeginTurn(
-                sink=send,
-                tools={t.name: t for t in options.tools},
-                can_use_tool=options.can_use_tool,
-                post_tool_use_hooks=options.post_tool_use_hooks,
-            )
+        turn_setting = BeginTurn.model_construct(
+            sink=send,
+            tools=run.tools,
+            can_use_tool=options.can_use_tool,
+            post_tool_use_hooks=options.post_tool_use_hooks,
         )
         self.model_caller.tell(
-            StartCall(
+            StartCall.model_construct(
                 request=self._request(run, state, messages_for_query),
                 sink=send,
+                turn=turn_setting,
                 max_retries=options.max_retries,
                 fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
             )
         )
+        backlog = turn.backlog
         with self._phase(run):
             while not _turn_done(turn):
-                await self._dispatch(run, turn, await receive.receive())
+                if not backlog:
+                    # One wakeup takes the whole burst that arrived meanwhile.
+                    backlog.append(await receive.receive())
+                    drain(receive, backlog)  # type: ignore[arg-type]
+                await self._dispatch(run, turn, backlog.popleft())
         return turn
 
     def _request(self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
@@ -620,10 +644,13 @@ class QueryLoop(TrioActor):
             turn.ended = item
             if item.stop_reason is not None:
                 run.last_stop_reason = item.stop_reason
-                status: BudgetStatus = await self.budget_guard.ask(
-                    RecordUsage(model=run.model, usage=item.usage), block=False
-                )
-                run.usage, run.cost_usd = status.query_usage, status.query_cost_usd
+                record = RecordUsage.model_construct(model=run.model, usage=item.usage, query_usage=True)
+                run.usage = run.usage + item.usage
+                if run.options.max_budget_usd is None and not self.host_capped:
+                    run.unsettled.append(record)  # no cap to check: settled once, when the query ends
+                    return
+                status: BudgetStatus = await self.budget_guard.ask(record, block=False)
+                run.cost_usd = status.query_cost_usd
                 if status.exceeded:
                     run.budget_exceeded = True
                     if not run.ending:
@@ -707,12 +734,9 @@ class QueryLoop(TrioActor):
 
     async def _collect_remaining(self, run: _Run, turn: _Turn, text: str) -> None:
         """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic."""
-        while True:
-            try:
-                item = turn.receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            await self._dispatch(run, turn, item)
+        drain(turn.receive, turn.backlog)  # type: ignore[arg-type]
+        while turn.backlog:
+            await self._dispatch(run, turn, turn.backlog.popleft())
         if turn.pending:
             for result in await self.executor.ask(RemainingResults(text=text), block=False):
                 await self._deliver(run, turn, result)
@@ -723,9 +747,9 @@ class QueryLoop(TrioActor):
 
     async def _stop_workers(self) -> None:
         """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it."""
-        stop = Abort(reason="user")
         for worker in (self.model_caller, self.executor, self.summarizer, self.compactor):
-            await worker.ask(stop, block=False)
+            if cast("TrioActorRef[Any]", worker).busy():
+                await worker.ask(Abort(reason="user"), block=False)
 
     async def _send_outcome(self, run: _Run, terminal: Terminal, state: State) -> None:
         reason = terminal.reason
@@ -736,6 +760,8 @@ class QueryLoop(TrioActor):
             errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
         elif terminal.error:
             errors.append(terminal.error)
+        totals: BudgetStatus = await self.budget_guard.ask(SettleQuery(calls=run.unsettled), block=False)
+        run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
         result = ResultMessage(
             subtype=result_subtype(reason),
             is_error=result_is_error(reason, run.api_error_surfaced),

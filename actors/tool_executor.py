@@ -24,6 +24,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from runtime.actor import TrioActor
 from runtime.events import AttachmentMessage, Block, ProgressEvent, UserMessage
+from runtime.flow import deliver
 from runtime.hooks import PostToolUseHook, PostToolUseInput
 from runtime.messages import Message
 from runtime.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
@@ -31,7 +32,8 @@ from runtime.transcript import tool_error, tool_result_message
 
 
 class BeginTurn(Message):
-    """A new model call starts: results go to `sink`; tools still running from before are discarded."""
+    """One model call's tool setting: results go to `sink`. It travels with each `AddTool`: a call
+    without tools never wakes the executor, and the first tool of a new call discards the old call's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -44,7 +46,10 @@ class BeginTurn(Message):
 class AddTool(Message):
     """A `tool_use` block completed in the stream (or was cut off: `input_error` says why)."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
     block: Block
+    turn: BeginTurn
     input_error: str | None = None
 
 
@@ -96,10 +101,6 @@ class StreamingToolExecutor(TrioActor):
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, AddTool):
             return self._add(message)
-        if isinstance(message, BeginTurn):
-            self._discard()
-            self._turn, self._entries = message, []
-            return None
         if isinstance(message, RemainingResults):
             return self._remaining(message.text)
         if isinstance(message, Discard):
@@ -109,9 +110,10 @@ class StreamingToolExecutor(TrioActor):
     # -- scheduling ---------------------------------------------------------------------
 
     def _add(self, message: AddTool) -> None:
-        turn = self._turn
-        if turn is None:
-            return
+        turn = message.turn
+        if turn is not self._turn:
+            self._discard()
+            self._turn = turn
         tool = turn.tools.get(message.block.get("name", ""))
         safe = tool is not None and tool.concurrency_safe
         self._entries.append(_Entry(message.block, message.input_error, safe))
@@ -160,7 +162,7 @@ class StreamingToolExecutor(TrioActor):
                 return  # discarded or answered by RemainingResults meanwhile
             entry.result, entry.status = result, "completed"
             self._process_queue()
-            await turn.sink.send(result)
+            await deliver(turn.sink, result)
             if entry.status == "completed":
                 entry.status = "delivered"
 
@@ -186,7 +188,7 @@ class StreamingToolExecutor(TrioActor):
             return _failed(entry, f"InputValidationError: {error}")
 
         async def report(tool_use_id: str, data: Any) -> None:
-            await turn.sink.send(ProgressEvent(tool_use_id=tool_use_id, data=data))
+            await deliver(turn.sink, ProgressEvent(tool_use_id=tool_use_id, data=data))
 
         output: ToolOutput
         is_error = False
@@ -198,7 +200,7 @@ class StreamingToolExecutor(TrioActor):
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
             output, is_error = tool_error(f"Error: {error}"), True
         attachments, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
-        return ToolResult(
+        return ToolResult.model_construct(
             tool_use_id=entry.id,
             message=tool_result_message(entry.id, output, is_error=is_error),
             attachments=attachments,

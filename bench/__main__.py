@@ -1,4 +1,4 @@
-"""`python -m bench kernel` (more benchmarks join as the runtime grows)."""
+"""`python -m bench kernel | loops | abort | scale`: each prints ratios to its in-run baseline, JSON last."""
 
 from __future__ import annotations
 
@@ -6,15 +6,17 @@ import argparse
 import json
 import sys
 
-from bench import kernel
+from bench import abort, kernel, loops, scale
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    kernel.add_arguments(commands.add_parser("kernel", help=kernel.__doc__))
+    modules = {"kernel": kernel, "loops": loops, "abort": abort, "scale": scale}
+    for name, module in modules.items():
+        module.add_arguments(commands.add_parser(name, help=(module.__doc__ or "").splitlines()[0]))
     args = parser.parse_args(argv)
-    result = kernel.run(args)
+    result = modules[args.command].run(args)
     print(json.dumps(result, sort_keys=True))
     return 0
 

@@ -84,6 +84,7 @@ class Runtime:
             budget_guard=budget,
             compactor=compactor,
             summarizer=summarizer,
+            host_capped=self.host_budget is not None,
         )
         return Session(group, options, loop)
 

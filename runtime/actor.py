@@ -40,7 +40,7 @@ from pykka.messages import _ActorStop
 from runtime._future import TrioFuture
 from runtime._inbox import PriorityInbox
 from runtime.errors import NotInSession, WorkCancelled
-from runtime.messages import Abort, AbortAck, AbortReason
+from runtime.messages import Abort, AbortAck, AbortReason, Shutdown
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -77,6 +77,11 @@ class TrioActorRef(ActorRef[A]):
         asked.add_done_callback(settle)
         return stopped.get(timeout=timeout) if block else stopped
 
+    def busy(self) -> int:
+        """How many work tasks the actor is running: a cheap read, like pykka's `is_alive()`."""
+        actor = self._actor_weakref()
+        return 0 if actor is None else actor.busy
+
 
 class TrioActor(pykka.Actor):
     """Base class of every queryloop actor. Subclass it as you would `pykka.ThreadingActor`."""
@@ -100,6 +105,7 @@ class TrioActor(pykka.Actor):
         self._work_drained: trio.lowlevel.ParkingLot | None = None
         self._log: Logger | None = None
         self._stop_reply: TrioFuture[Any] | None = None
+        self._live_work = 0
 
     # -- pykka's extension points -------------------------------------------------
 
@@ -149,8 +155,8 @@ class TrioActor(pykka.Actor):
 
     @property
     def busy(self) -> int:
-        """How many work tasks of this actor are running."""
-        return len(self._work_scopes)
+        """How many work tasks of this actor are running (abortable or not)."""
+        return self._live_work
 
     # -- the loop -------------------------------------------------------------------
 
@@ -187,6 +193,8 @@ class TrioActor(pykka.Actor):
             if type(message) is Abort:
                 await self._abort(message, reply_to)
                 continue
+            if type(message) is Shutdown:
+                return  # the caller cancels what work is left on its way out
             if type(message) is _ActorStop:
                 # pykka answers a stop once on_stop has run: the reply waits for the teardown.
                 self._stop_reply = reply_to
@@ -220,6 +228,7 @@ class TrioActor(pykka.Actor):
         # Only abortable work is registered: its scopes are what an Abort cancels and waits for.
         scopes = self._work_scopes if abortable else set()
         scopes.add(scope)
+        self._live_work += 1
         try:
             with scope:
                 result = await coro
@@ -230,6 +239,7 @@ class TrioActor(pykka.Actor):
                 raise
             reply_to.fail(error)
         finally:
+            self._live_work -= 1
             scopes.discard(scope)
             if reply_to is not None and not reply_to.done():
                 reply_to.fail(WorkCancelled(f"{self.name}: work cancelled before it answered"))

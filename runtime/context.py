@@ -125,6 +125,26 @@ def token_count_with_estimation(messages: list[TranscriptMessage]) -> int:
     return sum(estimate_tokens(m) for m in messages)
 
 
+def pipeline_needed(
+    messages: list[TranscriptMessage], limits: ContextLimits, *, max_tool_result_chars: int, snip_max_rounds: int | None
+) -> bool:
+    """Whether any step of the pipeline could change `messages` (False: the Compactor need not be asked).
+
+    Below every threshold, with no oversized tool result and no snip configured, every
+    step is the identity; most iterations of most queries are there.
+    """
+    if snip_max_rounds is not None:
+        return True
+    for message in messages:
+        if isinstance(message, UserMessage) and isinstance(message.content, list):
+            for block in message.content:
+                text = _result_text(block)
+                if text is not None and len(text) > max_tool_result_chars and not text.startswith("<persisted-output>"):
+                    return True
+    lowest = min(limits.warning_threshold, limits.autocompact_threshold, limits.blocking_limit)
+    return token_count_with_estimation(messages) >= lowest
+
+
 # -- rounds: the unit every step removes or rewrites, so pairing survives --------------------
 
 

@@ -37,6 +37,10 @@ class Abort(SupervisorMessage):
     reason: AbortReason
 
 
+class Shutdown(SupervisorMessage):
+    """Stop now: cancel all work, leave the loop (`on_stop` runs). Sent by `Supervisor.close()`."""
+
+
 class AbortAck(Message):
     """An actor's answer to `Abort`, sent once its cancelled work has unwound."""
 

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from runtime.supervisor import Supervisor
 
 
+_END = object()
+
+
 class QueryHandle:
     """Iterate it for the query's events; then read `terminal`, `result`, `transitions`."""
 
@@ -53,8 +56,18 @@ class QueryHandle:
     async def __anext__(self) -> QueryEvent:
         while True:
             try:
-                item = await self._receive.receive()
+                # What is buffered already is returned at once; the loop waits only on an empty channel.
+                item = self._receive.receive_nowait()
+            except trio.WouldBlock:
+                item = None
             except (trio.EndOfChannel, trio.ClosedResourceError):
+                item = _END
+            if item is None:
+                try:
+                    item = await self._receive.receive()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    item = _END
+            if item is _END:
                 failure = self._session.failure
                 if failure is not None and self.result is None:
                     raise failure from None
@@ -164,7 +177,8 @@ class Session:
 
     async def close(self) -> None:
         """Abort what runs, then stop every actor of the session."""
-        if not self.supervisor.closed:
+        running = self._control is not None and not self._control.finished
+        if running and not self.supervisor.closed:
             await self.abort("shutdown")
         await self.supervisor.close()
         if self._current_send is not None:

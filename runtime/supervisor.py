@@ -3,9 +3,9 @@
 The group is one trio task in the runtime's nursery holding one nursery; every
 actor of the session is a task in it. Hence:
 
-* closing the group cancels one scope and returns when every task of the
-  session, actors and their work alike, has finished: nothing of a session
-  runs after `close()` returns;
+* closing the group tells every actor `Shutdown` (urgent lane): each cancels its
+  own work and leaves its loop; `close()` returns when every task of the session,
+  actors and their work alike, has finished: nothing of a session runs after it;
 * an actor's crash is caught at the actor (its loop never raises), so the
   failure is this session's alone: the supervisor records it as
   `ActorCrashed`, tells its listeners, and closes the group (one for all);
@@ -27,7 +27,7 @@ from pykka import ActorDeadError
 
 from runtime.actor import TrioActor, current_supervisor
 from runtime.errors import ActorCrashed, SessionClosed
-from runtime.messages import Abort, AbortAck, AbortReason
+from runtime.messages import Abort, AbortAck, AbortReason, Shutdown
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,6 +46,7 @@ class Supervisor:
         """Set when an actor of the group crashed; the group is then closed."""
         self.actors: list[TrioActor] = []
         self._nursery: trio.Nursery | None = None
+        self._closing = trio.Event()
         self._closed = trio.Event()
         self._on_closed = on_closed
         self._crash_listeners: list[Callable[[ActorCrashed], None]] = []
@@ -66,12 +67,18 @@ class Supervisor:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 task_status.started(self)
-                await trio.sleep_forever()
+                await self._closing.wait()
+                # Leaving the block waits for every actor: each was told to shut down.
         finally:
             self._nursery = None
             self._closed.set()
             if self._on_closed is not None:
                 self._on_closed(self)
+            # Break the reference cycles (actors ↔ supervisor, listeners ↔ session) so that a
+            # closed session is freed by reference counting, not left to the garbage collector.
+            self.actors = []
+            self._crash_listeners = []
+            self._on_closed = None
 
     # -- starting actors --------------------------------------------------------
 
@@ -86,7 +93,7 @@ class Supervisor:
             current_supervisor.reset(reset)
 
     def _launch(self, actor: TrioActor) -> None:
-        if self._nursery is None:
+        if self._nursery is None or self._closing.is_set():
             msg = f"session {self.session_id} is closed; cannot start {actor.name}"
             raise SessionClosed(msg)
         self.actors.append(actor)
@@ -127,8 +134,12 @@ class Supervisor:
         if threading.get_ident() != self._thread:
             trio.from_thread.run(self.close, trio_token=self._token)
             return
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        if not self._closing.is_set():
+            shutdown = Shutdown()
+            for actor in self.actors:
+                if not actor.actor_stopped.is_set():
+                    actor.actor_ref.tell(shutdown)
+            self._closing.set()
         await self._closed.wait()
 
     async def wait_closed(self) -> None:

@@ -1,0 +1,144 @@
+"""Abort under load: C loops of workload W, each aborted at a uniform random moment of its life.
+
+The same seeded moments are used for the baseline. Latency is measured from the abort call to
+the loop's `result` event. `violations` counts loops aborted before their end whose terminal is
+not an aborted one or whose transcript is invalid; `leftover_tasks` counts session tasks still
+running once every stream has ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from contextlib import aclosing
+from typing import Any
+
+import trio
+
+from bench import workload
+from bench.baseline import BaselineAbort, baseline_loop
+from bench.loops import percentile
+from runtime import Runtime
+from runtime.events import ResultMessage
+from runtime.options import QueryOptions
+from runtime.session import Session
+from runtime.transcript import transcript_problems
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--model-ms", type=float, default=50.0)
+    parser.add_argument("--tool-ms", type=float, default=50.0)
+    parser.add_argument("--seed", type=int, default=7)
+
+
+def moments(args: argparse.Namespace) -> list[float]:
+    life = (3 * args.model_ms + 2 * args.tool_ms) / 1000
+    rng = random.Random(args.seed)
+    return [rng.uniform(0, life) for _ in range(args.concurrency)]
+
+
+async def runtime_run(args: argparse.Namespace, at: list[float]) -> dict[str, Any]:
+    latencies: list[float] = []
+    violations = 0
+    sessions: list[Session] = []
+    async with Runtime.open() as runtime:
+
+        async def one(delay: float) -> None:
+            nonlocal violations
+            session = await runtime.open_session(
+                QueryOptions(provider=workload.model(args.model_ms), tools=workload.tools(args.tool_ms))
+            )
+            sessions.append(session)
+            handle = session.query(workload.PROMPT)
+            asked: list[float] = []
+            async with trio.open_nursery() as nursery:
+
+                async def abort_later() -> None:
+                    await trio.sleep(delay)
+                    asked.append(time.perf_counter())
+                    await session.abort("user")
+
+                nursery.start_soon(abort_later)
+                async for event in handle:
+                    if isinstance(event, ResultMessage):
+                        ended = time.perf_counter()
+                        nursery.cancel_scope.cancel()
+            if asked and asked[0] <= ended:
+                latencies.append(ended - asked[0])
+                terminal = handle.terminal.reason if handle.terminal else None
+                if terminal not in ("aborted_streaming", "aborted_tools"):
+                    violations += 1
+            if transcript_problems(await session.transcript()):
+                violations += 1
+
+        async with trio.open_nursery() as nursery:
+            for delay in at:
+                nursery.start_soon(one, delay)
+        leftover = sum(s.live_tasks() for s in sessions)
+        for session in sessions:
+            await session.close()
+    return {"latencies": latencies, "violations": violations, "leftover": leftover}
+
+
+async def baseline_run(args: argparse.Namespace, at: list[float]) -> list[float]:
+    latencies: list[float] = []
+
+    async def one(delay: float) -> None:
+        control = BaselineAbort()
+        asked: list[float] = []
+        async with trio.open_nursery() as nursery:
+
+            async def abort_later() -> None:
+                await trio.sleep(delay)
+                asked.append(time.perf_counter())
+                control.abort("user")
+
+            nursery.start_soon(abort_later)
+            async with aclosing(
+                baseline_loop(workload.model(args.model_ms), workload.tools(args.tool_ms), workload.PROMPT, control)
+            ) as events:
+                async for event in events:
+                    if isinstance(event, ResultMessage):
+                        ended = time.perf_counter()
+                        nursery.cancel_scope.cancel()
+        if asked and asked[0] <= ended:
+            latencies.append(ended - asked[0])
+
+    async with trio.open_nursery() as nursery:
+        for delay in at:
+            nursery.start_soon(one, delay)
+    return latencies
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    at = moments(args)
+    base = await baseline_run(args, at)
+    ours = await runtime_run(args, at)
+    lat = ours["latencies"]
+    p50, p99 = percentile(lat, 0.5) * 1e3, percentile(lat, 0.99) * 1e3
+    b50, b99 = percentile(base, 0.5) * 1e3, percentile(base, 0.99) * 1e3
+    ratio = p99 / b99 if b99 else float("inf")
+    print(f"abort under load: {args.concurrency} loops, model {args.model_ms} ms, tools {args.tool_ms} ms")
+    print(f"  baseline : abort p50 {b50:7.2f} ms  p99 {b99:7.2f} ms  ({len(base)} aborted before their end)")
+    print(f"  runtime  : abort p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  ({len(lat)} aborted before their end)")
+    print(f"  abort_p99_ratio {ratio:.2f}; violations {ours['violations']}; leftover tasks {ours['leftover']}")
+    return {
+        "benchmark": "abort",
+        "concurrency": args.concurrency,
+        "model_ms": args.model_ms,
+        "tool_ms": args.tool_ms,
+        "abort_p50_ms": round(p50, 3),
+        "abort_p99_ms": round(p99, 3),
+        "baseline_abort_p50_ms": round(b50, 3),
+        "baseline_abort_p99_ms": round(b99, 3),
+        "abort_p99_ratio": round(ratio, 3),
+        "aborted_before_end": len(lat),
+        "violations": ours["violations"],
+        "leftover_tasks": ours["leftover"],
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return trio.run(measure, args)

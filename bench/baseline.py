@@ -1,0 +1,149 @@
+"""The in-run baseline: workload W as a plain trio async-generator loop, no actors.
+
+It consumes the same `ScriptedModel` event stream, runs the same tools (concurrency-safe
+ones in parallel, started as their blocks complete), builds the same transcript objects
+(the same pydantic messages, `normalize_messages_for_api` for every request) and yields
+the same kinds of events. An abort cancels the current phase and the loop answers every
+open `tool_use` before its result event, as the runtime does. What the ratio measures is
+therefore what the actors, the supervision and the abort protocol cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+import trio
+
+from runtime.events import (
+    AssistantMessage,
+    Event,
+    ResultMessage,
+    StreamEvent,
+    StreamRequestStart,
+    TranscriptMessage,
+    Usage,
+    UserMessage,
+)
+from runtime.model import ModelRequest
+from runtime.scripted import ScriptedModel
+from runtime.stream import ResponseAssembler
+from runtime.tools import Tool, ToolContext
+from runtime.transcript import (
+    INTERRUPT_MESSAGE,
+    INTERRUPTED_BY_USER,
+    missing_tool_results,
+    normalize_messages_for_api,
+    tool_result_message,
+)
+
+
+class BaselineAbort:
+    """The baseline's abort signal: a reason and the scope of the phase in flight."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.scope: trio.CancelScope | None = None
+
+    def abort(self, reason: str = "user") -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the reference's is
+    model: ScriptedModel, tools: list[Tool], prompt: str, abort: BaselineAbort
+) -> AsyncGenerator[Event, None]:
+    by_name = {t.name: t for t in tools}
+    messages: list[TranscriptMessage] = [UserMessage(content=prompt)]
+    usage = Usage()
+    turns = 1
+    while True:
+        yield StreamRequestStart()
+        request = ModelRequest.model_construct(
+            model="claude-sonnet-5-5",
+            system=[],
+            messages=normalize_messages_for_api(messages),
+            tools=[],
+            max_tokens=8000,
+            thinking=None,
+            task_budget=None,
+            purpose="main",
+        )
+        assistant: list[AssistantMessage] = []
+        results: list[TranscriptMessage] = []
+        send, receive = trio.open_memory_channel[UserMessage](16)
+        pending = 0
+        stop_reason = None
+        with trio.CancelScope() as scope:
+            abort.scope = scope
+            if abort.reason is not None:
+                scope.cancel()
+            async with trio.open_nursery() as nursery:
+                assembler = ResponseAssembler()
+                async with aclosing(model.stream(request)) as stream:
+                    async for raw in stream:
+                        yield StreamEvent(event=raw)
+                        completed = assembler.feed(raw)
+                        if completed is None:
+                            continue
+                        message = AssistantMessage(
+                            message_id=assembler.message_id,
+                            model=request.model,
+                            content=[completed.block],
+                            usage=assembler.usage,
+                        )
+                        assistant.append(message)
+                        yield message
+                        if completed.block.get("type") == "tool_use":
+                            pending += 1
+                            nursery.start_soon(_run_tool, by_name, completed.block, send)
+                usage = usage + assembler.usage
+                stop_reason = assembler.stop_reason
+                while pending:
+                    result = await receive.receive()
+                    pending -= 1
+                    results.append(result)
+                    yield result
+        abort.scope = None
+        if abort.reason is not None:
+            while True:
+                try:
+                    results.append(receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            for synthetic in missing_tool_results(assistant, results, INTERRUPTED_BY_USER):
+                yield synthetic
+            if abort.reason != "interrupt":
+                yield UserMessage(content=[{"type": "text", "text": INTERRUPT_MESSAGE}])
+            yield _result("error_during_execution", usage, turns, stop_reason)
+            return
+        if not any(b.get("type") == "tool_use" for m in assistant for b in m.content):
+            yield _result("success", usage, turns, stop_reason)
+            return
+        messages = [*messages, *assistant, *results]
+        turns += 1
+
+
+async def _run_tool(by_name: dict[str, Tool], block: dict[str, Any], send: trio.MemorySendChannel[UserMessage]) -> None:
+    tool = by_name[block["name"]]
+
+    async def report(tool_use_id: str, data: Any) -> None:
+        return None
+
+    output = await tool.call(block.get("input", {}), ToolContext(block["id"], report))
+    await send.send(tool_result_message(block["id"], output, is_error=False))
+
+
+def _result(subtype: Any, usage: Usage, turns: int, stop_reason: str | None) -> ResultMessage:
+    return ResultMessage(
+        subtype=subtype,
+        is_error=subtype != "success",
+        duration_ms=0,
+        stop_reason=stop_reason,
+        total_cost_usd=0.0,
+        usage=usage,
+        num_turns=turns,
+    )

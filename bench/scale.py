@@ -1,0 +1,74 @@
+"""Many live sessions: N sessions each mid-query, waiting on the model.
+
+At each level it measures the cost of starting one more session and its query (a batch of
+`--probe` starts, while N are live) and the resident memory per live session.
+`start_flatness` = start cost at the largest level / at the smallest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from typing import Any
+
+import trio
+import trio.testing
+
+from bench import workload
+from bench.kernel import rss_kb
+from runtime import Runtime
+from runtime.options import QueryOptions
+from runtime.session import QueryHandle, Session
+
+WAITING_MS = 10_000_000  # the model "thinks" for hours: every query stays mid-flight
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sessions", default="100,1000,10000")
+    parser.add_argument("--probe", type=int, default=200, help="starts timed at each level")
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    levels = sorted(int(n) for n in args.sessions.split(","))
+    live: list[tuple[Session, QueryHandle]] = []
+    costs: dict[int, float] = {}
+    rss_at: dict[int, float] = {}
+    async with Runtime.open() as runtime:
+
+        async def start_one() -> tuple[Session, QueryHandle]:
+            session = await runtime.open_session(
+                QueryOptions(provider=workload.model(WAITING_MS), tools=workload.tools(0))
+            )
+            return session, session.query(workload.PROMPT)
+
+        for level in levels:
+            while len(live) < level:
+                live.append(await start_one())
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            rss_at[level] = rss_kb()
+            probes = []
+            start = time.perf_counter()
+            for _ in range(args.probe):
+                probes.append(await start_one())
+            await trio.testing.wait_all_tasks_blocked()
+            costs[level] = (time.perf_counter() - start) / args.probe
+            for session, _ in probes:
+                await session.close()
+            print(f"  {level:>6} live sessions mid-query: start {costs[level] * 1e6:7.0f} us per session")
+        flatness = costs[levels[-1]] / costs[levels[0]]
+        per_session = (rss_at[levels[-1]] - rss_at[levels[0]]) / (levels[-1] - levels[0])
+        print(f"  start_flatness {flatness:.2f}; resident memory {per_session:.1f} KiB per live session")
+        for session, _ in live:
+            await session.close()
+    return {
+        "benchmark": "scale",
+        "start_us": {str(level): round(cost * 1e6, 1) for level, cost in costs.items()},
+        "start_flatness": round(flatness, 3),
+        "rss_per_session_kb": round(per_session, 1),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return trio.run(measure, args)
