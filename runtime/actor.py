@@ -28,6 +28,7 @@ pykka's contract: `tell`, `ask`, proxies, `on_start` / `on_stop` /
 from __future__ import annotations
 
 import contextvars
+import itertools
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
@@ -55,6 +56,25 @@ current_supervisor: contextvars.ContextVar[Supervisor] = contextvars.ContextVar(
 
 
 A = TypeVar("A", bound="TrioActor")
+_urns = itertools.count(1)
+
+
+class _StoppedFlag:
+    """The actor's stopped flag: `is_set()` / `set()` as on the `threading.Event` pykka uses.
+
+    Set once, read from any thread: a bool read is atomic, no lock is needed.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
 
 
 class TrioActorRef(ActorRef[A]):
@@ -97,10 +117,17 @@ class TrioActor(pykka.Actor):
                 "use `supervisor.spawn(...)`, or `.start()` from a running actor"
             )
             raise NotInSession(msg)
-        super().__init__()
+        # pykka.Actor.__init__'s contract (urn, inbox, stopped flag, ref), made cheaper: a counter
+        # URN instead of uuid4, and a plain flag instead of a threading.Event (Condition, Lock and
+        # deque, for every actor of every session) since only is_set()/set() are ever used.
+        self.actor_urn = f"urn:queryloop:{supervisor.session_id}:{next(_urns)}"
+        self.actor_inbox = self._create_actor_inbox()
+        self.actor_stopped = _StoppedFlag()  # type: ignore[assignment]
         self._actor_ref = TrioActorRef(self)
         self.supervisor: Supervisor = supervisor
         self._work_nursery: trio.Nursery | None = None
+        self._pending_work: list[tuple[Coroutine[Any, Any, Any], TrioFuture[Any] | None, bool]] = []
+        self._running = False
         self._work_scopes: set[trio.CancelScope] = set()
         self._work_drained: trio.lowlevel.ParkingLot | None = None
         self._log: Logger | None = None
@@ -162,17 +189,28 @@ class TrioActor(pykka.Actor):
 
     async def _actor_main(self) -> None:
         crashed = False
+        self._running = True
         try:
-            async with trio.open_nursery() as work:
-                self._work_nursery = work
-                self.on_start()
-                await self._serve()
-                work.cancel_scope.cancel()
+            self.on_start()
+            # The work nursery is opened on the first work only: many actors of many sessions
+            # never need one, and an idle nursery costs time to open and memory to keep.
+            if self._pending_work or await self._serve():
+                async with trio.open_nursery() as work:
+                    self._work_nursery = work
+                    for coro, reply_to, abortable in self._pending_work:
+                        work.start_soon(self._run_work, coro, reply_to, abortable)
+                    self._pending_work.clear()
+                    await self._serve()
+                    work.cancel_scope.cancel()
         except* Exception as group:  # noqa: BLE001 - a crash of this actor, reported below
             crashed = True
             self._crash(group)
         finally:
+            self._running = False
             self._work_nursery = None
+            for coro, _, _ in self._pending_work:
+                coro.close()
+            self._pending_work.clear()
             self.actor_stopped.set()
             if not crashed:
                 try:
@@ -183,10 +221,14 @@ class TrioActor(pykka.Actor):
             if self._stop_reply is not None:
                 self._stop_reply.set(None)
 
-    async def _serve(self) -> None:
+    async def _serve(self) -> bool:
+        """Handle mail until the actor stops (False) or, before it has one, needs its work nursery (True)."""
         inbox: PriorityInbox = self.actor_inbox  # type: ignore[assignment]
         stopped = self.actor_stopped
+        pending = self._pending_work
         while not stopped.is_set():
+            if pending:
+                return True
             envelope = await inbox.receive()
             message = envelope.message
             reply_to: TrioFuture[Any] | None = envelope.reply_to  # type: ignore[assignment]
@@ -194,11 +236,11 @@ class TrioActor(pykka.Actor):
                 await self._abort(message, reply_to)
                 continue
             if type(message) is Shutdown:
-                return  # the caller cancels what work is left on its way out
+                return False  # the caller cancels what work is left on its way out
             if type(message) is _ActorStop:
                 # pykka answers a stop once on_stop has run: the reply waits for the teardown.
                 self._stop_reply = reply_to
-                return
+                return False
             try:
                 response = self._handle_receive(message)
             except Exception as error:
@@ -210,16 +252,20 @@ class TrioActor(pykka.Actor):
                 self._start_work(response, reply_to)
             elif reply_to is not None:
                 reply_to.set(response)
+        return False
 
     def _start_work(
         self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, *, abortable: bool = True
     ) -> None:
         nursery = self._work_nursery
-        if nursery is None:
+        if nursery is not None:
+            nursery.start_soon(self._run_work, coro, reply_to, abortable)
+        elif self._running:
+            self._pending_work.append((coro, reply_to, abortable))  # started once the nursery is open
+        else:
             coro.close()
             msg = f"{self} is not running"
             raise ActorDeadError(msg)
-        nursery.start_soon(self._run_work, coro, reply_to, abortable)
 
     async def _run_work(
         self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, abortable: bool = True
