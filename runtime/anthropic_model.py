@@ -73,6 +73,8 @@ TASK_BUDGETS_BETA = "task-budgets-2026-03-13"
 
 # Closing must finish even when the consumer was cancelled (that is when it matters most), but a
 # wedged transport must not hold the cancelled task forever either.
+DRAIN_S = 0.5
+"""How long a stream ended by an error is read on to its end before it is simply closed."""
 CLOSE_GRACE_S = 5.0
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -116,7 +118,8 @@ class AnthropicModel:
         closed in the generator's `finally`, which only runs promptly when the generator is
         closed.
         """
-        extra_headers: dict[str, str] = {}
+        # The body is read raw (see below), so it must not be compressed.
+        extra_headers: dict[str, str] = {"accept-encoding": "identity"}
         extra_body: dict[str, Any] = {}
         if request.task_budget:
             # The API documents the budget inside `output_config`, typed {"type": "tokens", "total",
@@ -133,16 +136,20 @@ class AnthropicModel:
                 system=cast("list[TextBlockParam]", request.system) if request.system else omit,
                 tools=cast("list[ToolUnionParam]", request.tools) if request.tools else omit,
                 thinking=cast("ThinkingConfigParam", request.thinking) if request.thinking else omit,
-                extra_headers=extra_headers or None,
+                extra_headers=extra_headers,
                 extra_body=extra_body or None,
             )
         except anthropic.AnthropicError as exc:
             raise model_error_from_sdk(exc) from exc
 
         response = sdk_stream.response
-        chunks = response.aiter_bytes()
+        # From the network: aiter_raw, not aiter_bytes, which abandons its inner aiter_raw generator
+        # when closed and leaves the transport's body iterator to the garbage collector. A body
+        # already in memory (a test transport) is read by aiter_bytes, with no generator beneath.
+        chunks = response.aiter_bytes() if response.is_stream_consumed else response.aiter_raw()
         parser = _SSEParser()
         saw_message_stop = False
+        consumer_left = False
         try:
             try:
                 async for chunk in chunks:
@@ -163,8 +170,18 @@ class AnthropicModel:
                     yield event
             if not saw_message_stop:
                 raise ModelError("connection", "stream ended before message_stop")
+        except GeneratorExit:
+            consumer_left = True
+            raise
         finally:
             with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+                if not consumer_left:
+                    # An error ended the stream and the server is closing it: reading on to EOF lets
+                    # every body iterator of the chain finish by itself (httpx2's transport wrapper
+                    # cannot close httpcore's from outside). A consumer that left is not waited for.
+                    with trio.move_on_after(DRAIN_S):
+                        async for _ in chunks:
+                            pass
                 await chunks.aclose()
                 await sdk_stream.close()
 

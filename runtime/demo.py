@@ -26,26 +26,36 @@ def confined(root: Path, relative: str) -> Path:
     return target
 
 
-def demo_tools(root: Path) -> list[Tool]:
-    """`list_files`, `read_file` and `count_lines`, each refusing paths outside `root`."""
+def demo_tools(root: Path, delay_s: float = 0.0) -> list[Tool]:
+    """`list_files`, `read_file` and `count_lines`, each refusing paths outside `root`.
+
+    `delay_s` makes each tool take that long (with progress), to watch them run and to try Ctrl+C.
+    """
+
+    async def pace(ctx: ToolContext, what: str) -> None:
+        steps = 4
+        for step in range(steps):
+            await ctx.progress(f"{what} {100 * step // steps}%")
+            await trio.sleep(delay_s / steps)
 
     @tool(concurrency_safe=True, description="List the entries of a directory")
     async def list_files(args: PathArgs, ctx: ToolContext) -> str:
         target = confined(root, args.path)
-        await ctx.progress(f"listing {args.path}")
+        await pace(ctx, f"listing {args.path}")
         entries = await trio.to_thread.run_sync(lambda: sorted(p.name for p in target.iterdir()))
         return "\n".join(entries)
 
     @tool(concurrency_safe=True, description="Read a text file (first 2,000 characters)")
     async def read_file(args: PathArgs, ctx: ToolContext) -> str:
         target = confined(root, args.path)
-        await ctx.progress(f"reading {args.path}")
+        await pace(ctx, f"reading {args.path}")
         text = await trio.to_thread.run_sync(lambda: target.read_text(errors="replace"))
         return text[:2000]
 
     @tool(concurrency_safe=False, description="Count the lines of a text file")
     async def count_lines(args: PathArgs, ctx: ToolContext) -> str:
         target = confined(root, args.path)
+        await pace(ctx, f"counting {args.path}")
         text = await trio.to_thread.run_sync(lambda: target.read_text(errors="replace"))
         return str(text.count("\n"))
 

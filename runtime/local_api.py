@@ -258,7 +258,13 @@ class LocalMessagesAPI:
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return  # `connection: close` on either side
                 conn.start_next_cycle()
-        except (_PeerGone, _CloseConnection, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+        except (
+            _PeerGone,
+            _CloseConnection,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            h11.RemoteProtocolError,
+        ):
             # The client went away (or the script cut the connection): nothing is left to answer.
             pass
         finally:
