@@ -86,6 +86,7 @@ from runtime.state import (
     stop_hook_blocking,
     token_budget_continuation,
 )
+from runtime.stream import usage_from
 from runtime.token_budget import TokenBudgetDecision
 from runtime.transcript import (
     INTERRUPT_MESSAGE,
@@ -177,6 +178,9 @@ class _Turn:
     pending: set[str] = field(default_factory=set)
     ended: CallEnded | None = None
     prevent_continuation: bool = False
+    streamed_usage: Usage | None = None
+    """The call's usage as its stream reported it so far (billed even if the call never ends)."""
+    usage_recorded: bool = False
 
 
 @dataclass(slots=True)
@@ -629,7 +633,14 @@ class QueryLoop(TrioActor):
 
     async def _dispatch(self, run: _Run, turn: _Turn, item: Any) -> None:
         kind = type(item)
-        if kind is StreamEvent or kind is ProgressEvent or kind is SystemMessage:
+        if kind is StreamEvent:
+            raw = item.event
+            if raw["type"] == "message_start":
+                turn.streamed_usage = usage_from(raw["message"].get("usage") or {}, Usage())
+            elif raw["type"] == "message_delta" and turn.streamed_usage is not None:
+                turn.streamed_usage = usage_from(raw.get("usage") or {}, turn.streamed_usage)
+            await self._emit(run, item)
+        elif kind is ProgressEvent or kind is SystemMessage:
             await self._emit(run, item)
         elif kind is AssistantMessage:
             turn.assistant_messages.append(item)
@@ -644,6 +655,7 @@ class QueryLoop(TrioActor):
             turn.ended = item
             if item.stop_reason is not None:
                 run.last_stop_reason = item.stop_reason
+                turn.usage_recorded = True
                 record = RecordUsage.model_construct(model=run.model, usage=item.usage, query_usage=True)
                 run.usage = run.usage + item.usage
                 if run.options.max_budget_usd is None and not self.host_capped:
@@ -737,6 +749,13 @@ class QueryLoop(TrioActor):
         drain(turn.receive, turn.backlog)  # type: ignore[arg-type]
         while turn.backlog:
             await self._dispatch(run, turn, turn.backlog.popleft())
+        if not turn.usage_recorded and turn.streamed_usage is not None:
+            # A call cut short was billed for what its stream reported: that spend is kept.
+            turn.usage_recorded = True
+            run.usage = run.usage + turn.streamed_usage
+            run.unsettled.append(
+                RecordUsage.model_construct(model=run.model, usage=turn.streamed_usage, query_usage=True)
+            )
         if turn.pending:
             for result in await self.executor.ask(RemainingResults(text=text), block=False):
                 await self._deliver(run, turn, result)

@@ -54,10 +54,10 @@ class ResponseAssembler:
             message = event["message"]
             self.message_id = message.get("id", "")
             self.model = message.get("model", "")
-            self.usage = _usage(message.get("usage") or {}, Usage())
+            self.usage = usage_from(message.get("usage") or {}, Usage())
         elif kind == "message_delta":
             self.stop_reason = (event.get("delta") or {}).get("stop_reason", self.stop_reason)
-            self.usage = _usage(event.get("usage") or {}, self.usage)
+            self.usage = usage_from(event.get("usage") or {}, self.usage)
         elif kind == "message_stop":
             self.stopped = True
         return None
@@ -115,7 +115,8 @@ class ResponseAssembler:
         return cut
 
 
-def _usage(raw: dict[str, Any], previous: Usage) -> Usage:
+def usage_from(raw: dict[str, Any], previous: Usage) -> Usage:
+    """The usage after a `message_start` / `message_delta` usage object, given the usage before it."""
     # message_delta usage is cumulative: a non-zero field replaces the previous value. A zero
     # leaves it, as the reference's updateUsage does (deltas report 0 for counts they omit).
     return Usage(

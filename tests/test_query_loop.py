@@ -941,3 +941,27 @@ async def test_persistent_overload_switches_to_the_fallback_model(autojump_clock
         assert "system:model_fallback" in ran.labels
         assert ran.handle.transitions == []
         await assert_settled(ran)
+
+
+async def test_a_call_cut_short_by_an_abort_keeps_the_usage_already_billed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel(
+            [tools_reply(tool_use("t1", "slow"), usage={"input_tokens": 5000, "output_tokens": 100}, latency_ms=10_000)]
+        )
+        session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=60)], pricing=PRICE)
+        handle = session.query("go")
+        events = []
+        async for event in handle:
+            events.append(event)
+            if isinstance(event, AssistantMessage):  # mid-stream: message_start was seen, message_stop not
+                await session.abort("user")
+        ran = await consume(session, handle, model)
+        ran.events = events
+        assert ran.reason == "aborted_streaming"
+        result = ran.handle.result
+        assert result is not None
+        assert result.usage.input_tokens == 5000  # the input was billed when the stream started
+        assert result.total_cost_usd == pytest.approx(5000 * 3.0 / 1e6 + 1 * 15.0 / 1e6)
+        await assert_settled(ran)
