@@ -124,7 +124,9 @@ class ModelCaller(TrioActor):
             try:
                 ended = await self._stream_once(call, progress)
             except FallbackTriggered:
-                ended = CallEnded(fallback=True)
+                ended = CallEnded.model_construct(
+                    fallback=True, stop_reason=None, usage=Usage(), withheld=None, error=None
+                )
             except ModelError as error:
                 if error.retryable and not progress.emitted and attempt < call.max_retries:
                     attempt += 1
@@ -160,7 +162,9 @@ class ModelCaller(TrioActor):
         withheld = None
         if assembler.stop_reason == "max_tokens":
             withheld = _api_error(call, max_output_tokens_message(call.request.max_tokens))
-        return CallEnded(stop_reason=assembler.stop_reason, usage=assembler.usage, withheld=withheld)
+        return CallEnded.model_construct(
+            stop_reason=assembler.stop_reason, usage=assembler.usage, withheld=withheld, error=None, fallback=False
+        )
 
     async def _announce_retry_and_wait(self, call: StartCall, error: ModelError, attempt: int) -> None:
         delay = self.retry_delay(attempt - 1, error)

@@ -192,11 +192,15 @@ class StreamingToolExecutor(TrioActor):
 
         output: ToolOutput
         is_error = False
+        context = ToolContext(entry.id, report)
         try:
-            with trio.move_on_after(tool.timeout_s if tool.timeout_s is not None else float("inf")) as deadline:
-                output = await tool.call(args, ToolContext(entry.id, report))
-            if deadline.cancelled_caught:
-                output, is_error = tool_error(f"Error: {name} timed out after {tool.timeout_s:g}s"), True
+            if tool.timeout_s is None:  # no deadline, no cancel scope to pay for
+                output = await tool.call(args, context)
+            else:
+                with trio.move_on_after(tool.timeout_s) as deadline:
+                    output = await tool.call(args, context)
+                if deadline.cancelled_caught:
+                    output, is_error = tool_error(f"Error: {name} timed out after {tool.timeout_s:g}s"), True
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
             output, is_error = tool_error(f"Error: {error}"), True
         attachments, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
