@@ -17,7 +17,6 @@ costs the compaction, never the loop: `Compacted` is then None.
 
 from __future__ import annotations
 
-from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,7 +41,7 @@ from runtime.context import (
 from runtime.events import TranscriptMessage, UserMessage
 from runtime.messages import Message
 from runtime.model import ModelError, ModelProvider, ModelRequest
-from runtime.stream import ResponseAssembler
+from runtime.stream import complete_text
 from runtime.transcript import normalize_messages_for_api
 
 if TYPE_CHECKING:
@@ -229,18 +228,9 @@ class Compactor(TrioActor):
         )
 
     async def _summarize(self, request: ModelRequest) -> str:
-        assembler = ResponseAssembler()
-        texts: list[str] = []
-        async with aclosing(self.provider.stream(request)) as stream:
-            async for raw in stream:
-                completed = assembler.feed(raw)
-                if completed is not None and completed.block.get("type") == "text":
-                    texts.append(completed.block.get("text", ""))
-        if not assembler.stopped:
-            raise ModelError("connection", "compaction stream ended before message_stop")
+        summary, usage = await complete_text(self.provider, request)
         if self.budget_guard is not None:
-            self.budget_guard.tell(RecordUsage(model=request.model, usage=assembler.usage, query_usage=False))
-        summary = "".join(texts).strip()
+            self.budget_guard.tell(RecordUsage(model=request.model, usage=usage, query_usage=False))
         if not summary:
             raise ModelError("api_error", "the compaction model returned no summary")
         return summary

@@ -9,7 +9,6 @@ failure costs the summary (the answer is None), never the loop.
 from __future__ import annotations
 
 import json
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from actors.budget_guard import RecordUsage
@@ -17,7 +16,7 @@ from runtime.actor import TrioActor
 from runtime.events import Block
 from runtime.messages import Message
 from runtime.model import ModelProvider, ModelRequest
-from runtime.stream import ResponseAssembler
+from runtime.stream import complete_text
 
 if TYPE_CHECKING:
     from pykka import ActorRef
@@ -67,16 +66,10 @@ class HaikuSummarizer(TrioActor):
             purpose="summary",
         )
         try:
-            assembler = ResponseAssembler()
-            texts: list[str] = []
-            async with aclosing(self.provider.stream(request)) as stream:
-                async for raw in stream:
-                    completed = assembler.feed(raw)
-                    if completed is not None and completed.block.get("type") == "text":
-                        texts.append(completed.block.get("text", ""))
+            summary, usage = await complete_text(self.provider, request)
         except Exception as error:  # noqa: BLE001 - the summary is optional; its failure costs only itself
             self.log.warning("tool-use summary failed: {!r}", error)
             return None
-        if self.budget_guard is not None and assembler.stopped:
-            self.budget_guard.tell(RecordUsage(model=message.model, usage=assembler.usage, query_usage=False))
-        return "".join(texts).strip() or None
+        if self.budget_guard is not None:
+            self.budget_guard.tell(RecordUsage(model=message.model, usage=usage, query_usage=False))
+        return summary or None

@@ -14,10 +14,14 @@ until a `message_delta` says otherwise, so a stream cut before
 from __future__ import annotations
 
 import json
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.events import Block, Usage
+
+if TYPE_CHECKING:
+    from runtime.model import ModelProvider, ModelRequest
 
 
 @dataclass(slots=True)
@@ -125,3 +129,22 @@ def usage_from(raw: dict[str, Any], previous: Usage) -> Usage:
         cache_creation_input_tokens=raw.get("cache_creation_input_tokens") or previous.cache_creation_input_tokens,
         cache_read_input_tokens=raw.get("cache_read_input_tokens") or previous.cache_read_input_tokens,
     )
+
+
+async def complete_text(provider: ModelProvider, request: ModelRequest) -> tuple[str, Usage]:
+    """The text of one whole response and its usage (the runtime's own small calls: summaries, compaction).
+
+    Raises the provider's `ModelError`, or a `connection` one if the stream stopped before `message_stop`.
+    """
+    from runtime.model import ModelError
+
+    assembler = ResponseAssembler()
+    texts: list[str] = []
+    async with aclosing(provider.stream(request)) as stream:
+        async for raw in stream:
+            completed = assembler.feed(raw)
+            if completed is not None and completed.block.get("type") == "text":
+                texts.append(completed.block.get("text", ""))
+    if not assembler.stopped:
+        raise ModelError("connection", f"the {request.purpose} stream ended before message_stop")
+    return "".join(texts).strip(), assembler.usage
