@@ -178,6 +178,9 @@ class _Turn:
     pending: set[str] = field(default_factory=set)
     ended: CallEnded | None = None
     prevent_continuation: bool = False
+    response_closed: bool = False
+    held_results: list[TranscriptMessage] = field(default_factory=list)
+    """Tool results emitted while their response was still streaming, waiting for its last block."""
     streamed_usage: Usage | None = None
     """The call's usage as its stream reported it so far (billed even if the call never ends)."""
     usage_recorded: bool = False
@@ -567,6 +570,7 @@ class QueryLoop(TrioActor):
             if fallback is None or fallback == run.model:
                 turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
                 return turn, messages_for_query
+            turn.held_results.clear()  # results of the abandoned response go with it
             for message in turn.assistant_messages:
                 await self._emit(run, TombstoneEvent(message_uuid=message.uuid))
             self.executor.tell(Discard())
@@ -653,6 +657,7 @@ class QueryLoop(TrioActor):
             await self._deliver(run, turn, item)
         elif kind is CallEnded:
             turn.ended = item
+            self._close_response(turn)
             if item.stop_reason is not None:
                 run.last_stop_reason = item.stop_reason
                 turn.usage_recorded = True
@@ -668,22 +673,37 @@ class QueryLoop(TrioActor):
                     if not run.ending:
                         raise _BudgetExceeded
 
+    def _close_response(self, turn: _Turn) -> None:
+        """The response has no more blocks: the results held back join the conversation after it."""
+        turn.response_closed = True
+        self.conversation.extend(turn.held_results)
+        turn.held_results.clear()
+
     async def _deliver(self, run: _Run, turn: _Turn, result: ToolResult) -> None:
         if result.tool_use_id not in turn.pending:
             return  # answered already, or not of this turn
         turn.pending.discard(result.tool_use_id)
         turn.tool_results.append(result.message)
-        await self._emit(run, result.message)
+        await self._emit(run, result.message, of_turn=turn)
         for attachment in result.attachments:
             turn.tool_results.append(attachment)
-            await self._emit(run, attachment)
+            await self._emit(run, attachment, of_turn=turn)
         turn.prevent_continuation |= result.prevent_continuation
 
     # -- emission -----------------------------------------------------------------------
 
-    async def _emit(self, run: _Run, event: Event) -> None:
+    async def _emit(self, run: _Run, event: Event, *, of_turn: _Turn | None = None) -> None:
+        """Send `event` to the consumer now; record a transcript message in the conversation.
+
+        A tool's result (`of_turn`) can be emitted while its own response is still streaming;
+        the conversation takes it only after the response's last block (`_close_response`), so
+        that the stored history keeps each response whole, followed by its results.
+        """
         if isinstance(event, _TRANSCRIPT_TYPES):
-            self.conversation.append(event)
+            if of_turn is not None and not of_turn.response_closed:
+                of_turn.held_results.append(event)
+            else:
+                self.conversation.append(event)
             if type(event) is AssistantMessage:
                 self._note_text(run, event)
         elif type(event) is TombstoneEvent:
@@ -749,6 +769,7 @@ class QueryLoop(TrioActor):
         drain(turn.receive, turn.backlog)  # type: ignore[arg-type]
         while turn.backlog:
             await self._dispatch(run, turn, turn.backlog.popleft())
+        self._close_response(turn)  # cut short: no more blocks will come
         if not turn.usage_recorded and turn.streamed_usage is not None:
             # A call cut short was billed for what its stream reported: that spend is kept.
             turn.usage_recorded = True
