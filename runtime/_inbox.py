@@ -52,7 +52,7 @@ class PriorityInbox:
         # Built on the trio thread (actors are constructed there), which it then belongs to.
         self._token: TrioToken = current_trio_token()
         self._thread = threading.get_ident()
-        self._urgent: deque[Envelope[Any]] = deque()
+        self._urgent: deque[Envelope[Any]] | None = None  # made on the first supervisor message
         self._normal: deque[Envelope[Any]] = deque()
         self._consumer: Task | None = None
         self._closed: str | None = None
@@ -68,6 +68,8 @@ class PriorityInbox:
             _refuse(envelope, self._closed)
             return
         if isinstance(envelope.message, SupervisorMessage):
+            if self._urgent is None:
+                self._urgent = deque()
             self._urgent.append(envelope)
         else:
             self._normal.append(envelope)
@@ -107,7 +109,7 @@ class PriorityInbox:
             _refuse(self.get(), why)
 
     def __len__(self) -> int:
-        return len(self._urgent) + len(self._normal)
+        return len(self._urgent or ()) + len(self._normal)
 
 
 def _refuse(envelope: Envelope[Any], why: str) -> None:

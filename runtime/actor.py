@@ -126,9 +126,10 @@ class TrioActor(pykka.Actor):
         self._actor_ref = TrioActorRef(self)
         self.supervisor: Supervisor = supervisor
         self._work_nursery: trio.Nursery | None = None
-        self._pending_work: list[tuple[Coroutine[Any, Any, Any], TrioFuture[Any] | None, bool]] = []
+        # Made on first use (most actors of most sessions never need them; the GC would still walk them).
+        self._pending_work: list[tuple[Coroutine[Any, Any, Any], TrioFuture[Any] | None, bool]] | None = None
         self._running = False
-        self._work_scopes: set[trio.CancelScope] = set()
+        self._work_scopes: set[trio.CancelScope] | None = None
         self._work_drained: trio.lowlevel.ParkingLot | None = None
         self._log: Logger | None = None
         self._stop_reply: TrioFuture[Any] | None = None
@@ -197,9 +198,9 @@ class TrioActor(pykka.Actor):
             if self._pending_work or await self._serve():
                 async with trio.open_nursery() as work:
                     self._work_nursery = work
-                    for coro, reply_to, abortable in self._pending_work:
+                    for coro, reply_to, abortable in self._pending_work or ():
                         work.start_soon(self._run_work, coro, reply_to, abortable)
-                    self._pending_work.clear()
+                    self._pending_work = None
                     await self._serve()
                     work.cancel_scope.cancel()
         except* Exception as group:  # noqa: BLE001 - a crash of this actor, reported below
@@ -208,9 +209,9 @@ class TrioActor(pykka.Actor):
         finally:
             self._running = False
             self._work_nursery = None
-            for coro, _, _ in self._pending_work:
+            for coro, _, _ in self._pending_work or ():
                 coro.close()
-            self._pending_work.clear()
+            self._pending_work = None
             self.actor_stopped.set()
             if not crashed:
                 try:
@@ -225,9 +226,8 @@ class TrioActor(pykka.Actor):
         """Handle mail until the actor stops (False) or, before it has one, needs its work nursery (True)."""
         inbox: PriorityInbox = self.actor_inbox  # type: ignore[assignment]
         stopped = self.actor_stopped
-        pending = self._pending_work
         while not stopped.is_set():
-            if pending:
+            if self._pending_work:
                 return True
             envelope = await inbox.receive()
             message = envelope.message
@@ -261,6 +261,8 @@ class TrioActor(pykka.Actor):
         if nursery is not None:
             nursery.start_soon(self._run_work, coro, reply_to, abortable)
         elif self._running:
+            if self._pending_work is None:
+                self._pending_work = []
             self._pending_work.append((coro, reply_to, abortable))  # started once the nursery is open
         else:
             coro.close()
@@ -272,7 +274,12 @@ class TrioActor(pykka.Actor):
     ) -> None:
         scope = trio.CancelScope()
         # Only abortable work is registered: its scopes are what an Abort cancels and waits for.
-        scopes = self._work_scopes if abortable else set()
+        if abortable:
+            if self._work_scopes is None:
+                self._work_scopes = set()
+            scopes = self._work_scopes
+        else:
+            scopes = set()
         scopes.add(scope)
         self._live_work += 1
         try:
@@ -294,7 +301,7 @@ class TrioActor(pykka.Actor):
 
     async def _abort(self, message: Abort, reply_to: TrioFuture[Any] | None) -> None:
         self.on_abort(message.reason)
-        scopes = self._work_scopes
+        scopes = self._work_scopes or set()
         cancelled = len(scopes)
         for scope in scopes:
             scope.cancel()

@@ -18,6 +18,7 @@ thread (they are then run on the trio thread through its token).
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -50,6 +51,7 @@ class Supervisor:
         self._closed = trio.Event()
         self._on_closed = on_closed
         self._crash_listeners: list[Callable[[ActorCrashed], None]] = []
+        self._context: contextvars.Context | None = None
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.get_ident()
 
@@ -86,11 +88,12 @@ class Supervisor:
         """Start `actor_class(*args, **kwargs)` in this session and return its ref."""
         if threading.get_ident() != self._thread:
             return trio.from_thread.run_sync(lambda: self.spawn(actor_class, *args, **kwargs), trio_token=self._token)
-        reset = current_supervisor.set(self)
-        try:
-            return actor_class.start(*args, **kwargs)
-        finally:
-            current_supervisor.reset(reset)
+        if self._context is None:
+            # One context holding `current_supervisor` for the whole session: every actor task then
+            # shares its mapping, rather than each spawn setting (and allocating) the variable anew.
+            self._context = contextvars.copy_context()
+            self._context.run(current_supervisor.set, self)
+        return self._context.copy().run(actor_class.start, *args, **kwargs)
 
     def _launch(self, actor: TrioActor) -> None:
         if self._nursery is None or self._closing.is_set():
