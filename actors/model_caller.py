@@ -93,6 +93,7 @@ class ModelCaller(TrioActor):
         provider: ModelProvider,
         *,
         executor: ActorRef[StreamingToolExecutor] | None = None,
+        limiter: trio.CapacityLimiter | None = None,
         retry_base_s: float = 0.5,
         retry_max_s: float = 8.0,
         seed: int | None = None,
@@ -100,6 +101,8 @@ class ModelCaller(TrioActor):
         super().__init__()
         self.provider = provider
         self.executor = executor
+        self.limiter = limiter
+        """A host-wide cap on concurrent model calls, shared by every session's ModelCaller."""
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
         self._random = random.Random(seed)
@@ -122,7 +125,11 @@ class ModelCaller(TrioActor):
         while True:
             progress = _Progress()
             try:
-                ended = await self._stream_once(call, progress)
+                if self.limiter is None:
+                    ended = await self._stream_once(call, progress)
+                else:
+                    async with self.limiter:  # held while the request streams, not during backoff
+                        ended = await self._stream_once(call, progress)
             except FallbackTriggered:
                 ended = CallEnded.model_construct(
                     fallback=True, stop_reason=None, usage=Usage(), withheld=None, error=None

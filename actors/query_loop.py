@@ -15,6 +15,10 @@ of `runtime.decisions`, in the reference's check order → a continue site of
 `runtime.state` or a `Terminal`. Events are emitted in production order to the
 query's bounded channel; transcript messages are appended to the conversation
 as they are emitted, so the conversation is always what the consumer saw.
+
+With a `TranscriptLog`, every message that joins the conversation (and every
+tombstone) is logged in the conversation's own order, and the log is flushed to
+disk at each continue site and when the query ends, before its `result`.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ from runtime.transcript import (
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from types import TracebackType
 
     from pykka import ActorRef
 
@@ -110,6 +115,7 @@ if TYPE_CHECKING:
     from actors.model_caller import ModelCaller
     from actors.summarizer import HaikuSummarizer
     from actors.tool_executor import StreamingToolExecutor
+    from runtime.persistence import TranscriptLog
 
 TURN_BUFFER = 256
 """Items a model call and its tools may queue before they wait for the loop (backpressure)."""
@@ -238,6 +244,8 @@ class QueryLoop(TrioActor):
         compactor: ActorRef[Compactor],
         summarizer: ActorRef[HaikuSummarizer],
         host_capped: bool = False,
+        conversation: list[TranscriptMessage] | None = None,
+        transcript: TranscriptLog | None = None,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
@@ -247,7 +255,9 @@ class QueryLoop(TrioActor):
         self.summarizer = summarizer
         self.host_capped = host_capped
         """A host-wide budget sits above this session: every call's cost must be checked."""
-        self.conversation: list[TranscriptMessage] = []
+        self.conversation: list[TranscriptMessage] = list(conversation or [])
+        """Restored (resume) messages are in the log already: only what joins from now on is logged."""
+        self.transcript = transcript
         self._run: _Run | None = None
         self._queued: RunQuery | None = None
 
@@ -272,6 +282,20 @@ class QueryLoop(TrioActor):
     def on_abort(self, reason: AbortReason) -> None:
         if self._run is not None:
             self._run.abort(reason)
+
+    def on_stop(self) -> None:
+        # After the work has ended: no flush is running. What a cancelled query left buffered
+        # is written unsynced, as a crash would have it: the next load repairs it.
+        if self.transcript is not None:
+            self.transcript.close()
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.on_stop()
 
     def _new_run(self, message: RunQuery) -> _Run:
         # The config snapshot: taken once, used by every iteration of this query (seed 001).
@@ -327,7 +351,7 @@ class QueryLoop(TrioActor):
                     pricing=run.options.pricing,
                 )
             )
-            self.conversation.append(message.prompt)
+            self._record(message.prompt)
             state = State(messages=list(self.conversation))
             async with trio.open_nursery() as prefetch:
                 if run.options.memory_prefetch is not None:
@@ -339,6 +363,7 @@ class QueryLoop(TrioActor):
                 # Disposed on every exit path, as the reference's `using` does.
                 prefetch.cancel_scope.cancel()
             await self._stop_workers()
+            await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
             await self._send_outcome(run, terminal, state)
         finally:
             self._run = None
@@ -351,7 +376,7 @@ class QueryLoop(TrioActor):
     async def _loop(self, run: _Run, state: State) -> tuple[Terminal, State]:
         options = run.options
         while True:
-            run.turn_count = state.turn_count
+            await self._begin_iteration(run, state)
             prepared = await self._prepare(run, messages_after_compact_boundary(state.messages))
             if prepared is None:  # aborted while summarizing or compacting
                 return await self._end_early(run, None, "aborted_streaming"), state
@@ -429,6 +454,11 @@ class QueryLoop(TrioActor):
             run.transitions.append("next_turn")
             if run.options.context_collapse:
                 self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
+
+    async def _begin_iteration(self, run: _Run, state: State) -> None:
+        run.turn_count = state.turn_count
+        if state.transition is not None:
+            await self._flush_transcript()  # a continue site: the turn that ended is made durable
 
     async def _recover_max_output_tokens(
         self, run: _Run, state: State, messages_for_query: list[TranscriptMessage], turn: _Turn
@@ -658,6 +688,8 @@ class QueryLoop(TrioActor):
         elif kind is CallEnded:
             turn.ended = item
             self._close_response(turn)
+            # The response is whole: make it durable before its tools (which may run long) finish.
+            await self._flush_transcript()
             if item.stop_reason is not None:
                 run.last_stop_reason = item.stop_reason
                 turn.usage_recorded = True
@@ -676,7 +708,8 @@ class QueryLoop(TrioActor):
     def _close_response(self, turn: _Turn) -> None:
         """The response has no more blocks: the results held back join the conversation after it."""
         turn.response_closed = True
-        self.conversation.extend(turn.held_results)
+        for message in turn.held_results:
+            self._record(message)
         turn.held_results.clear()
 
     async def _deliver(self, run: _Run, turn: _Turn, result: ToolResult) -> None:
@@ -703,11 +736,13 @@ class QueryLoop(TrioActor):
             if of_turn is not None and not of_turn.response_closed:
                 of_turn.held_results.append(event)
             else:
-                self.conversation.append(event)
+                self._record(event)
             if type(event) is AssistantMessage:
                 self._note_text(run, event)
         elif type(event) is TombstoneEvent:
             self.conversation = [m for m in self.conversation if m.uuid != event.message_uuid]
+            if self.transcript is not None:
+                self.transcript.append(event)
         if run.consumer_open:
             try:
                 run.sink.send_nowait(event)
@@ -720,6 +755,16 @@ class QueryLoop(TrioActor):
                 run.abort("user")
         if run.budget_exceeded and not run.ending:
             raise _BudgetExceeded
+
+    def _record(self, message: TranscriptMessage) -> None:
+        """`message` joins the conversation, and the log in the same order."""
+        self.conversation.append(message)
+        if self.transcript is not None:
+            self.transcript.append(message)
+
+    async def _flush_transcript(self) -> None:
+        if self.transcript is not None:
+            await self.transcript.flush()
 
     @staticmethod
     def _note_text(run: _Run, message: AssistantMessage) -> None:

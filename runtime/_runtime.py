@@ -8,11 +8,14 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
+from loguru import logger
 
+from runtime.persistence import LoadedTranscript, load_transcript, open_log
 from runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
+    from pathlib import Path
 
     from pykka import ActorRef
 
@@ -24,8 +27,12 @@ if TYPE_CHECKING:
 class Runtime:
     """Hosts sessions side by side in one trio run; open it with `Runtime.open()`."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, *, max_concurrent_model_calls: int | None = None) -> None:
         self._nursery = nursery
+        self.model_calls = (
+            trio.CapacityLimiter(max_concurrent_model_calls) if max_concurrent_model_calls is not None else None
+        )
+        """Host-wide: at most this many model calls stream at once, across every session (None: no cap)."""
         self._groups: dict[str, Supervisor] = {}
         self._prefix = secrets.token_hex(3)
         self._ids = itertools.count(1)
@@ -34,10 +41,14 @@ class Runtime:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls) -> AsyncIterator[Runtime]:
-        """Run a runtime for the duration of the `async with` block; leaving it closes every session."""
+    async def open(cls, *, max_concurrent_model_calls: int | None = None) -> AsyncIterator[Runtime]:
+        """Run a runtime for the duration of the `async with` block; leaving it closes every session.
+
+        `max_concurrent_model_calls` caps the model calls streaming at once across all sessions
+        (a call waits for a slot; its retries' backoff does not hold one).
+        """
         async with trio.open_nursery() as nursery:
-            runtime = cls(nursery)
+            runtime = cls(nursery, max_concurrent_model_calls=max_concurrent_model_calls)
             try:
                 yield runtime
             finally:
@@ -51,8 +62,20 @@ class Runtime:
     def new_session_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
 
-    async def open_session(self, options: QueryOptions | None = None, **fields: Any) -> Session:
-        """Start a session's actor group; `options` (or the fields of one) configure its queries."""
+    async def open_session(
+        self,
+        options: QueryOptions | None = None,
+        *,
+        transcript: Path | None = None,
+        resume: Path | None = None,
+        **fields: Any,
+    ) -> Session:
+        """Start a session's actor group; `options` (or the fields of one) configure its queries.
+
+        `transcript`: append the conversation to that JSONL file (new or existing).
+        `resume`: restore the conversation of that file (repaired if a crash cut it) and its
+        session id, and go on appending to it unless `transcript` names another file.
+        """
         from actors.budget_guard import BudgetGuard
         from actors.compactor import Compactor
         from actors.model_caller import ModelCaller
@@ -66,10 +89,27 @@ class Runtime:
         if options.provider is None:
             msg = "QueryOptions.provider is required: a ScriptedModel offline, an AnthropicModel for the API"
             raise ValueError(msg)
-        group = await self.start_group()
+        loaded: LoadedTranscript | None = None
+        if resume is not None:
+            loaded = await trio.to_thread.run_sync(load_transcript, resume)
+            for problem in loaded.problems:
+                logger.bind(session=loaded.session_id).warning("resuming {}: {}", resume, problem)
+            transcript = resume if transcript is None else transcript
+        # The group first: a session id already open fails here, before anything is written.
+        group = await self.start_group(loaded.session_id if loaded is not None else None)
+        log = None
+        if transcript is not None:
+            try:
+                log = await trio.to_thread.run_sync(open_log, transcript, group.session_id, loaded, resume)
+                await log.flush()  # the repairs (or the restored history) before any new message
+            except BaseException:
+                if log is not None:
+                    log.close()
+                await group.close()
+                raise
         budget = group.spawn(BudgetGuard, parent=self.host_budget)
         executor = group.spawn(StreamingToolExecutor)
-        caller = group.spawn(ModelCaller, options.provider, executor=executor)
+        caller = group.spawn(ModelCaller, options.provider, executor=executor, limiter=self.model_calls)
         compactor = group.spawn(
             Compactor,
             options.compact_provider or options.provider,
@@ -85,6 +125,8 @@ class Runtime:
             compactor=compactor,
             summarizer=summarizer,
             host_capped=self.host_budget is not None,
+            conversation=loaded.messages if loaded is not None else None,
+            transcript=log,
         )
         return Session(group, options, loop)
 

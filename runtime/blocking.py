@@ -26,6 +26,7 @@ from runtime._runtime import Runtime
 from runtime.errors import BlockingCallOnTrioThread, QueryloopError
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import TracebackType
 
     from runtime.events import QueryEvent, ResultMessage, TranscriptMessage
@@ -91,9 +92,13 @@ class BlockingRuntime:
             raise QueryloopError(msg)
         return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
-    def open_session(self, options: QueryOptions) -> BlockingSession:
+    def open_session(
+        self, options: QueryOptions, *, transcript: Path | None = None, resume: Path | None = None
+    ) -> BlockingSession:
+        """As `Runtime.open_session` (durable transcript and resume included)."""
         assert self._runtime is not None
-        session: Session = self.call(self._runtime.open_session, options)
+        runtime = self._runtime
+        session: Session = self.call(lambda: runtime.open_session(options, transcript=transcript, resume=resume))
         return BlockingSession(self, session)
 
     def close(self) -> None:

@@ -14,6 +14,8 @@ wire.
 from __future__ import annotations
 
 import itertools
+import os
+import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,11 +24,22 @@ Block = dict[str, Any]
 """A content block exactly as the Messages API has it (`{"type": "text", "text": ...}`, ...)."""
 
 _uuids = itertools.count(1)
+_process = secrets.token_hex(6)
+"""A per-process prefix: a resumed transcript mixes messages made by several processes (`runtime.persistence`)."""
+
+
+def _new_process() -> None:
+    global _process  # noqa: PLW0603 - a forked child must not repeat its parent's ids
+    _process = secrets.token_hex(6)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_process)
 
 
 def new_uuid() -> str:
-    """A process-unique id for a message (cheap; the transcript needs uniqueness, not secrecy)."""
-    return f"m{next(_uuids)}"
+    """A unique id for a message (cheap; the transcript needs uniqueness, not secrecy)."""
+    return f"m{_process}-{next(_uuids)}"
 
 
 class Event(BaseModel):

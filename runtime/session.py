@@ -134,14 +134,18 @@ class Session:
         return self.supervisor.failure
 
     def query(self, prompt: str | list[Block], **overrides: Any) -> QueryHandle:
-        """Submit one user message; `overrides` change options for this query only (validated)."""
+        """Submit one user message; `overrides` change options for this query only (validated).
+
+        Submitted while a query runs, it interrupts that query (reason `interrupt`) and runs next.
+        """
         if self.supervisor.closed:
             msg = f"session {self.id} is closed"
             raise SessionClosed(msg)
         running = self._control
         if running is not None and not running.finished and running.abort_reason is None:
-            msg = "a query is already running in this session; abort it or wait for its result"
-            raise QueryInProgress(msg)
+            # A message submitted while a query runs interrupts it (seed 000: no interruption
+            # message for `interrupt`); the new query runs as soon as the aborted one has ended.
+            self.abort_nowait("interrupt")
         options = QueryOptions.model_validate({**dict(self.options), **overrides}) if overrides else self.options
         send, receive = trio.open_memory_channel[Any](options.event_buffer)
         control = QueryControl()

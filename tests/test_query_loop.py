@@ -35,6 +35,7 @@ from runtime.state import MAX_OUTPUT_TOKENS_RECOVERY_TEXT
 from runtime.tools import Allow, Deny
 from runtime.transcript import INTERRUPT_MESSAGE, INTERRUPT_MESSAGE_FOR_TOOL_USE, INTERRUPTED_BY_USER
 from tests.helpers import (
+    Ran,
     ToolLog,
     assert_settled,
     consume,
@@ -857,15 +858,74 @@ async def test_memory_prefetch_result_is_injected_once_when_settled() -> None:
         await assert_settled(ran)
 
 
-async def test_a_second_query_while_one_runs_is_refused(autojump_clock: trio.testing.MockClock) -> None:
+async def test_submitting_while_tools_run_interrupts_the_query_and_continues_with_the_new_message(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with Runtime.open() as runtime:
-        model = ScriptedModel([text_reply(latency_ms=1000)])
-        session = await open_session(runtime, model)
-        handle = session.query("first")
-        with pytest.raises(QueryInProgress):
-            session.query("second")
-        ran = await consume(session, handle, model)
+        model = ScriptedModel([tools_reply(tool_use("t1", "slow")), text_reply("Doing the new thing.")])
+        session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=60)])
+        first = session.query("first")
+        await trio.sleep(1)  # the tool runs
+        second = session.query("actually, do this instead")
+        interrupted = await consume(session, first, model)
+        ran = await consume(session, second, model)
+        assert interrupted.reason == "aborted_tools"
+        assert interrupted.tool_results()["t1"]["content"] == INTERRUPTED_BY_USER
+        assert INTERRUPT_MESSAGE_FOR_TOOL_USE not in interrupted.texts_of_user_events()  # reason `interrupt`
+        assert ran.reason == "completed" and ran.handle.result is not None
+        assert ran.handle.result.result == "Doing the new thing."
+        assert trio.current_time() < 60
         await assert_settled(ran)
+
+
+async def test_a_third_message_while_one_is_already_waiting_is_refused(autojump_clock: trio.testing.MockClock) -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([text_reply(latency_ms=1000), text_reply(), text_reply()])
+        session = await open_session(runtime, model)
+        first = session.query("first")
+        second = session.query("second")
+        third = session.query("third")
+        with pytest.raises(QueryInProgress):
+            await consume(session, third, model)
+        await consume(session, first, model)
+        ran = await consume(session, second, model)
+        assert ran.handle.terminal is not None
+        await assert_settled(ran)
+
+
+async def test_a_host_wide_limit_caps_concurrent_model_calls(autojump_clock: trio.testing.MockClock) -> None:
+    streaming = [0]
+    peak = [0]
+
+    class Counting(ScriptedModel):
+        async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+            streaming[0] += 1
+            peak[0] = max(peak[0], streaming[0])
+            try:
+                async with aclosing(super().stream(request)) as events:
+                    async for event in events:
+                        yield event
+            finally:
+                streaming[0] -= 1
+
+    async with Runtime.open(max_concurrent_model_calls=2) as runtime:
+        sessions = [
+            (await open_session(runtime, model), model)
+            for model in [Counting([text_reply(f"answer {i}", latency_ms=1000)]) for i in range(6)]
+        ]
+        results: list[Ran] = []
+
+        async def one(session: Any, model: ScriptedModel) -> None:
+            results.append(await consume(session, session.query("go"), model))
+
+        async with trio.open_nursery() as nursery:
+            for session, model in sessions:
+                nursery.start_soon(one, session, model)
+        assert peak[0] == 2
+        assert sorted(r.reason for r in results) == ["completed"] * 6
+        assert trio.current_time() == pytest.approx(3.0)  # six 1 s calls, two at a time
+        for ran in results:
+            await assert_settled(ran)
 
 
 async def test_a_query_submitted_while_an_aborted_one_unwinds_runs_after_it(
