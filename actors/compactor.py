@@ -37,6 +37,7 @@ from runtime.context import (
     snip,
     stage_collapse,
     token_count_with_estimation,
+    token_warning_state,
 )
 from runtime.events import TranscriptMessage, UserMessage
 from runtime.messages import Message
@@ -156,10 +157,6 @@ class Compactor(TrioActor):
             return Drained(messages=drained, committed=committed)
         return super().on_receive(message)
 
-    @property
-    def staged(self) -> int:
-        return len(self._staged)
-
     async def _prepare(self, request: Prepare) -> Prepared:
         config = request.config
         limits = config.limits
@@ -180,12 +177,12 @@ class Compactor(TrioActor):
             await trio.to_thread.run_sync(_write_all, pending)
         messages, snip_freed = snip(messages, config.snip_max_rounds)
         tokens = token_count_with_estimation(messages)
-        if tokens >= limits.warning_threshold:
+        if token_warning_state(tokens, limits).above_warning:
             messages, _ = microcompact(messages, config.microcompact_keep_recent)
             tokens = token_count_with_estimation(messages)
         if (
             config.auto_compact
-            and tokens >= limits.autocompact_threshold
+            and token_warning_state(tokens, limits).above_autocompact
             and self._failures < MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES
         ):
             compacted = await self._compact(messages, config, "auto")
@@ -198,7 +195,8 @@ class Compactor(TrioActor):
                     snip_tokens_freed=snip_freed,
                 )
         blocking_check = not (config.reactive_compact and config.auto_compact)
-        blocking = blocking_check and tokens - snip_freed >= limits.blocking_limit
+        # The reference counts what snip freed as gone before it checks the limit.
+        blocking = blocking_check and token_warning_state(tokens - snip_freed, limits).at_blocking_limit
         return Prepared(messages=messages, tokens=tokens, snip_tokens_freed=snip_freed, blocking=blocking)
 
     async def _compact(
@@ -239,7 +237,7 @@ class Compactor(TrioActor):
         config = request.config
         if not config.context_collapse:
             return
-        if token_count_with_estimation(request.messages) < config.limits.warning_threshold:
+        if not token_warning_state(token_count_with_estimation(request.messages), config.limits).above_warning:
             return
         staged = stage_collapse(request.messages, config.collapse_keep_recent_rounds)
         if staged is not None:
