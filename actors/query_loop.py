@@ -134,11 +134,13 @@ class QueryControl:
     overtakes the `RunQuery` in the mailbox still reaches the query.
     """
 
-    __slots__ = ("abort_reason", "finished")
+    __slots__ = ("abort_reason", "ended", "finished")
 
     def __init__(self) -> None:
         self.abort_reason: AbortReason | None = None
         self.finished = False
+        self.ended = trio.Event()
+        """Set once the query's work is over (its result sent, or the session closed under it)."""
 
 
 class RunQuery(Message):
@@ -368,6 +370,7 @@ class QueryLoop(TrioActor):
         finally:
             self._run = None
             run.control.finished = True
+            run.control.ended.set()
             queued, self._queued = self._queued, None
             if queued is not None:
                 self._submit(queued)

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from runtime.session import Session
 
 
+SHUTDOWN_GRACE_S = 5.0
+"""How long leaving `Runtime.open()` waits for its sessions' queries to end before cutting them."""
+
+
 class Runtime:
     """Hosts sessions side by side in one trio run; open it with `Runtime.open()`."""
 
@@ -34,6 +38,7 @@ class Runtime:
         )
         """Host-wide: at most this many model calls stream at once, across every session (None: no cap)."""
         self._groups: dict[str, Supervisor] = {}
+        self._sessions: dict[str, Session] = {}
         self._prefix = secrets.token_hex(3)
         self._ids = itertools.count(1)
         self.host_budget: ActorRef[BudgetGuard] | None = None
@@ -52,6 +57,11 @@ class Runtime:
             try:
                 yield runtime
             finally:
+                # Every running query is aborted and ends properly (its tool_uses answered, its result
+                # sent) before the rest is cancelled; a session that does not settle in time is cut.
+                with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
+                    for session in list(runtime._sessions.values()):
+                        await session.close()
                 nursery.cancel_scope.cancel()
 
     @property
@@ -128,7 +138,9 @@ class Runtime:
             conversation=loaded.messages if loaded is not None else None,
             transcript=log,
         )
-        return Session(group, options, loop)
+        session = Session(group, options, loop)
+        self._sessions[session.id] = session
+        return session
 
     async def open_host_budget(self, max_budget_usd: float) -> ActorRef[BudgetGuard]:
         """One BudgetGuard above every session opened from now on: their spend, summed, is capped here.
@@ -154,3 +166,4 @@ class Runtime:
 
     def _forget(self, supervisor: Supervisor) -> None:
         self._groups.pop(supervisor.session_id, None)
+        self._sessions.pop(supervisor.session_id, None)

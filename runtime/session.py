@@ -181,9 +181,10 @@ class Session:
 
     async def close(self) -> None:
         """Abort what runs, then stop every actor of the session."""
-        running = self._control is not None and not self._control.finished
-        if running and not self.supervisor.closed:
+        control = self._control
+        if control is not None and not control.finished and not self.supervisor.closed:
             await self.abort("shutdown")
+            await control.ended.wait()  # the aborted query ends properly before its actors stop
         await self.supervisor.close()
         if self._current_send is not None:
             self._current_send.close()

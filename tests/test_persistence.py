@@ -285,7 +285,7 @@ async def test_a_tool_use_left_open_by_a_cut_write_gets_a_synthetic_result_once(
     assert transcript_problems(reloaded.messages) == []
 
 
-async def test_a_runtime_closed_mid_turn_leaves_a_transcript_repaired_on_load(tmp_path: Path) -> None:
+async def test_a_runtime_closed_mid_turn_leaves_a_complete_transcript(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     model = ScriptedModel([tools_reply(tool_use("t1", "slow"))])
     async with Runtime.open() as runtime:
@@ -295,12 +295,18 @@ async def test_a_runtime_closed_mid_turn_leaves_a_transcript_repaired_on_load(tm
         async for event in handle:
             if isinstance(event, AssistantMessage):
                 break
-        # Leaving the runtime cancels the session mid-turn: what was buffered is written, unsynced.
+        # Leaving the runtime aborts the query, which ends properly and is flushed before the result.
     loaded = load_transcript(path)
     assert loaded.problems == []
-    assert [type(m).__name__ for m in loaded.messages] == ["UserMessage", "AssistantMessage", "UserMessage"]
-    assert loaded.messages[-1] == loaded.repairs[0]
-    assert tool_result_ids(loaded.repairs) == ["t1"]
+    assert loaded.repairs == []  # nothing left open: the abort answered the running tool
+    assert [type(m).__name__ for m in loaded.messages] == [
+        "UserMessage",
+        "AssistantMessage",
+        "UserMessage",
+        "UserMessage",
+    ]
+    assert tool_result_ids(loaded.messages) == ["t1"]
+    assert loaded.messages[-1].content == [{"type": "text", "text": "[Request interrupted by user for tool use]"}]  # type: ignore[union-attr]
     assert transcript_problems(loaded.messages) == []
     del handle
 

@@ -1025,3 +1025,22 @@ async def test_a_call_cut_short_by_an_abort_keeps_the_usage_already_billed(
         assert result.usage.input_tokens == 5000  # the input was billed when the stream started
         assert result.total_cost_usd == pytest.approx(5000 * 3.0 / 1e6 + 1 * 15.0 / 1e6)
         await assert_settled(ran)
+
+
+async def test_closing_the_runtime_aborts_and_drains_every_running_query(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    handles = []
+    async with Runtime.open() as runtime:
+        for _ in range(3):
+            model = ScriptedModel([tools_reply(tool_use("t1", "slow")), text_reply()])
+            session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=3600)])
+            handles.append(session.query("go"))
+        await trio.sleep(1)  # every query has its tool running
+    for handle in handles:  # the runtime is gone; what each query sent is still there to read
+        events = [event async for event in handle]
+        assert handle.terminal is not None and handle.terminal.reason == "aborted_tools"
+        assert events[-1].label == "result"
+        results = [b for e in events if isinstance(e, UserMessage) and isinstance(e.content, list) for b in e.content]
+        assert results[0]["tool_use_id"] == "t1" and results[0]["content"] == INTERRUPTED_BY_USER
+    assert trio.current_time() < 10
