@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +11,7 @@ import trio
 
 from runtime import Runtime
 from runtime.events import QueryEvent, UserMessage
+from runtime.model import FallbackTriggered, ModelRequest
 from runtime.options import QueryOptions
 from runtime.scripted import ScriptedModel
 from runtime.session import QueryHandle, Session
@@ -125,3 +128,21 @@ async def assert_settled(ran: Ran) -> None:
     assert ran.labels.count("result") == 1 and ran.labels[-1] == "result"
     assert ran.handle.result is not None and ran.handle.terminal is not None
     assert transcript_problems(await ran.session.transcript()) == []
+
+
+class FallbackMidStream:
+    """Streams the first `events` events of the `fail_on`th reply, then asks for the fallback model."""
+
+    def __init__(self, inner: ScriptedModel, fail_on: int, events: int) -> None:
+        self.inner, self.fail_on, self.events = inner, fail_on, events
+        self.requests: list[ModelRequest] = inner.requests
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+        number = len(self.inner.requests) + 1
+        async with aclosing(self.inner.stream(request)) as events:
+            count = 0
+            async for event in events:
+                if number == self.fail_on and count == self.events:
+                    raise FallbackTriggered("primary overloaded")
+                count += 1
+                yield event

@@ -17,13 +17,22 @@ import trio
 
 from runtime import Runtime
 from runtime.events import AssistantMessage, StreamEvent, TranscriptMessage, UserMessage
-from runtime.model import FallbackTriggered, ModelRequest
+from runtime.model import ModelRequest
 from runtime.options import QueryOptions
 from runtime.persistence import INTERRUPTED_BY_CRASH, TranscriptLog, load_transcript
 from runtime.scripted import ScriptedModel
 from runtime.session import Session
 from runtime.transcript import normalize_messages_for_api, transcript_problems
-from tests.helpers import Ran, assert_settled, consume, scripted_tool, text_reply, tool_use, tools_reply
+from tests.helpers import (
+    FallbackMidStream,
+    Ran,
+    assert_settled,
+    consume,
+    scripted_tool,
+    text_reply,
+    tool_use,
+    tools_reply,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,23 +159,6 @@ async def test_resuming_into_another_file_writes_the_whole_history_there(tmp_pat
     assert path.read_bytes() == original
 
 
-class _FallbackMidStream:
-    """Streams the first `events` events of the `fail_on`th reply, then asks for the fallback model."""
-
-    def __init__(self, inner: ScriptedModel, fail_on: int, events: int) -> None:
-        self.inner, self.fail_on, self.events = inner, fail_on, events
-
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
-        number = len(self.inner.requests) + 1
-        async with aclosing(self.inner.stream(request)) as events:
-            count = 0
-            async for event in events:
-                if number == self.fail_on and count == self.events:
-                    raise FallbackTriggered("primary overloaded")
-                count += 1
-                yield event
-
-
 async def test_tombstoned_messages_stay_retracted_after_resume(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     async with Runtime.open() as runtime:
@@ -178,7 +170,7 @@ async def test_tombstoned_messages_stay_retracted_after_resume(tmp_path: Path) -
             ]
         )
         options = QueryOptions(
-            provider=_FallbackMidStream(inner, fail_on=2, events=5),
+            provider=FallbackMidStream(inner, fail_on=2, events=5),
             model="claude-sonnet-5-5",
             fallback_model="claude-haiku-5-5",
             tools=[scripted_tool("read")],

@@ -27,7 +27,7 @@ from runtime.events import (
     UserMessage,
 )
 from runtime.hooks import HookDecision, PostToolUseInput, StopHookInput
-from runtime.model import FallbackTriggered, ModelRequest
+from runtime.model import ModelRequest
 from runtime.options import QueryOptions
 from runtime.pricing import Pricing
 from runtime.scripted import ScriptedModel
@@ -35,6 +35,7 @@ from runtime.state import MAX_OUTPUT_TOKENS_RECOVERY_TEXT
 from runtime.tools import Allow, Deny
 from runtime.transcript import INTERRUPT_MESSAGE, INTERRUPT_MESSAGE_FOR_TOOL_USE, INTERRUPTED_BY_USER
 from tests.helpers import (
+    FallbackMidStream,
     Ran,
     ToolLog,
     assert_settled,
@@ -527,24 +528,6 @@ async def test_image_size_error_ends_with_image_error() -> None:
         await assert_settled(ran)
 
 
-class _FallbackMidStream:
-    """Streams the first `events` events of a reply, then asks for the fallback model; later calls play on."""
-
-    def __init__(self, inner: ScriptedModel, fail_on: int, events: int) -> None:
-        self.inner, self.fail_on, self.events = inner, fail_on, events
-        self.requests: list[ModelRequest] = inner.requests
-
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
-        number = len(self.inner.requests) + 1
-        async with aclosing(self.inner.stream(request)) as events:
-            count = 0
-            async for event in events:
-                if number == self.fail_on and count == self.events:
-                    raise FallbackTriggered("primary overloaded")
-                count += 1
-                yield event
-
-
 async def test_fallback_continue_keeps_state_tombstones_and_switches_model() -> None:
     async with Runtime.open() as runtime:
         inner = ScriptedModel(
@@ -554,7 +537,7 @@ async def test_fallback_continue_keeps_state_tombstones_and_switches_model() -> 
                 text_reply("Answered by the fallback."),
             ]
         )
-        provider = _FallbackMidStream(inner, fail_on=2, events=5)
+        provider = FallbackMidStream(inner, fail_on=2, events=5)
         options = QueryOptions(
             provider=provider,
             model="claude-sonnet-5-5",
