@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 from pydantic import ConfigDict
 
-from actors.budget_guard import BeginQuery, BudgetStatus, CheckTokenBudget, RecordUsage, SettleQuery
+from actors.budget_guard import (
+    BeginQuery,
+    BudgetStatus,
+    CheckTokenBudget,
+    RecordUsage,
+    SettleQuery,
+    cost_usd,
+)
 from actors.compactor import (
     Compact,
     Compacted,
@@ -76,7 +83,7 @@ from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
 from runtime.messages import Abort, AbortReason, Message
 from runtime.model import ModelError, ModelRequest
 from runtime.options import DEFAULT_SYSTEM_PROMPT, QueryOptions
-from runtime.pricing import context_window_for
+from runtime.pricing import context_window_for, pricing_for
 from runtime.state import (
     MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
     ContinueReason,
@@ -108,7 +115,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import TracebackType
 
-    from pykka import ActorRef
+    from pykka import ActorRef, Future
 
     from actors.budget_guard import BudgetGuard
     from actors.compactor import Compactor
@@ -213,6 +220,8 @@ class _Run:
     unsettled: list[RecordUsage] = field(default_factory=list)
     """Calls of an uncapped query, reported to the BudgetGuard in one message at the end."""
     cost_usd: float = 0.0
+    side_calls: bool = False
+    """The runtime made calls of its own in this query (summary, compaction): their cost is the guard's."""
     last_stop_reason: str | None = None
     last_text: str = ""
     last_message_id: str = ""
@@ -513,6 +522,7 @@ class QueryLoop(TrioActor):
             for b in m.content
             if b.get("type") == "tool_result"
         ]
+        run.side_calls = True
         future = self.summarizer.ask(
             Summarize(model=run.options.small_model, tool_uses=uses, results=results), block=False
         )
@@ -530,6 +540,7 @@ class QueryLoop(TrioActor):
                 messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False
             )
         prepared: Prepared | None = None
+        run.side_calls = True  # the Compactor may call its model (autocompact)
         with self._phase(run):
             try:
                 prepared = await self.compactor.ask(Prepare(messages=messages, config=run.context), block=False)
@@ -553,6 +564,7 @@ class QueryLoop(TrioActor):
         """Seed 000's cascade: collapse drain (never twice in a row), then one reactive compact."""
         options = run.options
         transition = state.transition
+        run.side_calls = True  # a reactive compaction calls the Compactor's model
         if options.context_collapse and (transition is None or transition.reason != "collapse_drain_retry"):
             drained: Drained = await self.compactor.ask(DrainCollapses(messages=messages_for_query), block=False)
             if drained.committed > 0:
@@ -785,11 +797,16 @@ class QueryLoop(TrioActor):
     async def _end_early(self, run: _Run, turn: _Turn | None, reason: Any) -> Terminal:
         """Abort or budget: stop the call and the tools, answer every tool_use, say why."""
         run.ending = True
-        await self._stop_workers()
         interrupted = reason in ("aborted_streaming", "aborted_tools")
         text = INTERRUPTED_BY_USER if interrupted else "Stopped: the query's budget is spent"
+        # Stop every helper and ask for the tools' remaining results in one round: the executor's
+        # Abort (urgent lane) is handled first, so the results are asked once its tools have unwound.
+        stopping = self._stop_workers_soon()
+        remaining = self.executor.ask(RemainingResults(text=text), block=False) if turn is not None else None
+        for future in stopping:
+            await future
         if turn is not None:
-            await self._collect_remaining(run, turn, text)
+            await self._collect_remaining(run, turn, text, remaining)
         if interrupted and run.control.abort_reason != "interrupt":
             note = INTERRUPT_MESSAGE_FOR_TOOL_USE if reason == "aborted_tools" else INTERRUPT_MESSAGE
             await self._emit(run, UserMessage(content=[{"type": "text", "text": note}]))
@@ -812,7 +829,7 @@ class QueryLoop(TrioActor):
             return Terminal(reason="image_error", error=text)
         return Terminal(reason="model_error", error=text)
 
-    async def _collect_remaining(self, run: _Run, turn: _Turn, text: str) -> None:
+    async def _collect_remaining(self, run: _Run, turn: _Turn, text: str, remaining: Future[Any] | None = None) -> None:
         """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic."""
         drain(turn.receive, turn.backlog)  # type: ignore[arg-type]
         while turn.backlog:
@@ -825,8 +842,10 @@ class QueryLoop(TrioActor):
             run.unsettled.append(
                 RecordUsage.model_construct(model=run.model, usage=turn.streamed_usage, query_usage=True)
             )
-        if turn.pending:
-            for result in await self.executor.ask(RemainingResults(text=text), block=False):
+        if remaining is None and turn.pending:
+            remaining = self.executor.ask(RemainingResults(text=text), block=False)
+        if remaining is not None:
+            for result in await remaining:
                 await self._deliver(run, turn, result)
         for message in missing_tool_results(turn.assistant_messages, turn.tool_results, text):
             turn.tool_results.append(message)
@@ -835,9 +854,17 @@ class QueryLoop(TrioActor):
 
     async def _stop_workers(self) -> None:
         """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it."""
-        for worker in (self.model_caller, self.executor, self.summarizer, self.compactor):
-            if cast("TrioActorRef[Any]", worker).busy():
-                await worker.ask(Abort(reason="user"), block=False)
+        for future in self._stop_workers_soon():
+            await future
+
+    def _stop_workers_soon(self) -> list[Future[Any]]:
+        """Send `Abort` to every busy helper at once; the futures answer once each one's work has unwound."""
+        stop = Abort(reason="user")
+        return [
+            worker.ask(stop, block=False)
+            for worker in (self.model_caller, self.executor, self.summarizer, self.compactor)
+            if cast("TrioActorRef[Any]", worker).busy()
+        ]
 
     async def _send_outcome(self, run: _Run, terminal: Terminal, state: State) -> None:
         reason = terminal.reason
@@ -848,8 +875,19 @@ class QueryLoop(TrioActor):
             errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
         elif terminal.error:
             errors.append(terminal.error)
-        totals: BudgetStatus = await self.budget_guard.ask(SettleQuery(calls=run.unsettled), block=False)
-        run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
+        settle = SettleQuery.model_construct(calls=run.unsettled)
+        if run.side_calls:
+            # Summaries or compactions reported their cost to the BudgetGuard: it holds the total.
+            totals: BudgetStatus = await self.budget_guard.ask(settle, block=False)
+            run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
+        else:
+            # Only main calls: priced here with the guard's own function, no round-trip to it.
+            self.budget_guard.tell(settle)
+            override = run.options.pricing
+            run.cost_usd += sum(
+                cost_usd(call.usage, pricing_for(call.model, override if call.model == run.options.model else None))
+                for call in run.unsettled
+            )
         result = ResultMessage(
             subtype=result_subtype(reason),
             is_error=result_is_error(reason, run.api_error_surfaced),

@@ -56,6 +56,7 @@ current_supervisor: contextvars.ContextVar[Supervisor] = contextvars.ContextVar(
 
 
 A = TypeVar("A", bound="TrioActor")
+_PendingWork = tuple["Coroutine[Any, Any, Any]", "TrioFuture[Any] | None", trio.CancelScope]
 _urns = itertools.count(1)
 
 
@@ -127,7 +128,9 @@ class TrioActor(pykka.Actor):
         self.supervisor: Supervisor = supervisor
         self._work_nursery: trio.Nursery | None = None
         # Made on first use (most actors of most sessions never need them; the GC would still walk them).
-        self._pending_work: list[tuple[Coroutine[Any, Any, Any], TrioFuture[Any] | None, bool]] | None = None
+        self._pending_work: list[tuple[Coroutine[Any, Any, Any], TrioFuture[Any] | None, trio.CancelScope]] | None = (
+            None
+        )
         self._running = False
         self._work_scopes: set[trio.CancelScope] | None = None
         self._work_drained: trio.lowlevel.ParkingLot | None = None
@@ -198,8 +201,8 @@ class TrioActor(pykka.Actor):
             if self._pending_work or await self._serve():
                 async with trio.open_nursery() as work:
                     self._work_nursery = work
-                    for coro, reply_to, abortable in self._pending_work or ():
-                        work.start_soon(self._run_work, coro, reply_to, abortable)
+                    for coro, reply_to, scope in self._pending_work or ():
+                        work.start_soon(self._run_work, coro, reply_to, scope)
                     self._pending_work = None
                     await self._serve()
                     work.cancel_scope.cancel()
@@ -209,8 +212,9 @@ class TrioActor(pykka.Actor):
         finally:
             self._running = False
             self._work_nursery = None
-            for coro, _, _ in self._pending_work or ():
+            for coro, reply_to, scope in self._pending_work or ():
                 coro.close()
+                self._work_done(scope, reply_to)
             self._pending_work = None
             self.actor_stopped.set()
             if not crashed:
@@ -258,30 +262,38 @@ class TrioActor(pykka.Actor):
         self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, *, abortable: bool = True
     ) -> None:
         nursery = self._work_nursery
-        if nursery is not None:
-            nursery.start_soon(self._run_work, coro, reply_to, abortable)
-        elif self._running:
-            if self._pending_work is None:
-                self._pending_work = []
-            self._pending_work.append((coro, reply_to, abortable))  # started once the nursery is open
-        else:
+        if nursery is None and not self._running:
             coro.close()
             msg = f"{self} is not running"
             raise ActorDeadError(msg)
-
-    async def _run_work(
-        self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, abortable: bool = True
-    ) -> None:
+        # The scope is registered now, not when the task first runs: an Abort handled in between
+        # must cancel this work too (it then stops at its first checkpoint).
         scope = trio.CancelScope()
-        # Only abortable work is registered: its scopes are what an Abort cancels and waits for.
         if abortable:
             if self._work_scopes is None:
                 self._work_scopes = set()
-            scopes = self._work_scopes
-        else:
-            scopes = set()
-        scopes.add(scope)
+            self._work_scopes.add(scope)
         self._live_work += 1
+        if nursery is not None:
+            nursery.start_soon(self._run_work, coro, reply_to, scope)
+        else:
+            if self._pending_work is None:
+                self._pending_work = []
+            self._pending_work.append((coro, reply_to, scope))  # started once the nursery is open
+
+    def _work_done(self, scope: trio.CancelScope, reply_to: TrioFuture[Any] | None) -> None:
+        self._live_work -= 1
+        scopes = self._work_scopes
+        if scopes is not None:
+            scopes.discard(scope)
+        if reply_to is not None and not reply_to.done():
+            reply_to.fail(WorkCancelled(f"{self.name}: work cancelled before it answered"))
+        if not scopes and self._work_drained is not None:
+            self._work_drained.unpark_all()
+
+    async def _run_work(
+        self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, scope: trio.CancelScope
+    ) -> None:
         try:
             with scope:
                 result = await coro
@@ -292,12 +304,7 @@ class TrioActor(pykka.Actor):
                 raise
             reply_to.fail(error)
         finally:
-            self._live_work -= 1
-            scopes.discard(scope)
-            if reply_to is not None and not reply_to.done():
-                reply_to.fail(WorkCancelled(f"{self.name}: work cancelled before it answered"))
-            if not scopes and self._work_drained is not None:
-                self._work_drained.unpark_all()
+            self._work_done(scope, reply_to)
 
     async def _abort(self, message: Abort, reply_to: TrioFuture[Any] | None) -> None:
         self.on_abort(message.reason)

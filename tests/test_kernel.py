@@ -336,3 +336,30 @@ def test_supervisor_messages_are_frozen_and_validated() -> None:
         abort.reason = "user"  # type: ignore[misc]
     with pytest.raises(pydantic.ValidationError, match="reason"):
         Abort(reason="whenever")
+
+
+async def test_abort_cancels_work_started_just_before_it_even_if_the_work_has_not_run_yet(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    finished: list[int] = []
+
+    class Starter(TrioActor):
+        async def long_work(self, n: int) -> None:
+            await trio.sleep(60)
+            finished.append(n)
+
+        def on_receive(self, message: Any) -> Any:
+            # Work is started, then an Abort is mailed at once: whichever of the two the
+            # scheduler runs first, the abort must reach the work.
+            self.start_work(self.long_work, message)
+            self.actor_ref.tell(Abort(reason="user"))
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Starter)
+        for n in range(20):
+            ref.tell(n)
+            await trio.testing.wait_all_tasks_blocked()
+            assert ref.busy() == 0  # type: ignore[attr-defined]
+        await trio.sleep(120)
+        assert finished == []
