@@ -131,9 +131,7 @@ class ModelCaller(TrioActor):
                     async with self.limiter:  # held while the request streams, not during backoff
                         ended = await self._stream_once(call, progress)
             except FallbackTriggered:
-                ended = CallEnded.model_construct(
-                    fallback=True, stop_reason=None, usage=Usage(), withheld=None, error=None
-                )
+                ended = CallEnded(fallback=True, stop_reason=None, usage=Usage(), withheld=None, error=None)
             except ModelError as error:
                 if error.retryable and not progress.emitted and attempt < call.max_retries:
                     attempt += 1
@@ -169,7 +167,7 @@ class ModelCaller(TrioActor):
         withheld = None
         if assembler.stop_reason == "max_tokens":
             withheld = _api_error(call, max_output_tokens_message(call.request.max_tokens))
-        return CallEnded.model_construct(
+        return CallEnded(
             stop_reason=assembler.stop_reason, usage=assembler.usage, withheld=withheld, error=None, fallback=False
         )
 
@@ -192,9 +190,7 @@ class ModelCaller(TrioActor):
         )
         await deliver(call.sink, message)
         if completed.block.get("type") == "tool_use" and self.executor is not None:
-            self.executor.tell(
-                AddTool.model_construct(block=completed.block, turn=call.turn, input_error=completed.input_error)
-            )
+            self.executor.tell(AddTool(block=completed.block, turn=call.turn, input_error=completed.input_error))
 
 
 def _api_error(call: StartCall, text: str) -> AssistantMessage:

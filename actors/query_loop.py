@@ -638,14 +638,14 @@ class QueryLoop(TrioActor):
             return turn  # aborted before the request: nothing is started
         await self._emit(run, StreamRequestStart())
         options = run.options
-        turn_setting = BeginTurn.model_construct(
+        turn_setting = BeginTurn(
             sink=send,
             tools=run.tools,
             can_use_tool=options.can_use_tool,
             post_tool_use_hooks=options.post_tool_use_hooks,
         )
         self.model_caller.tell(
-            StartCall.model_construct(
+            StartCall(
                 request=self._request(run, state, messages_for_query),
                 sink=send,
                 turn=turn_setting,
@@ -668,7 +668,9 @@ class QueryLoop(TrioActor):
         context = user_context_message(run.options.user_context)
         if context is not None:
             messages = [context, *messages]
-        # Built from parts that are already valid: no second validation on this hop.
+        # Built from parts that are already valid: validating would copy every message dict again.
+        # (For small models validation is the cheaper path: pydantic-core's __init__ costs about half
+        # of the pure-Python model_construct. Only lists of dicts or messages are worth skipping.)
         return ModelRequest.model_construct(
             model=run.model,
             system=run.system,
@@ -708,7 +710,7 @@ class QueryLoop(TrioActor):
             if item.stop_reason is not None:
                 run.last_stop_reason = item.stop_reason
                 turn.usage_recorded = True
-                record = RecordUsage.model_construct(model=run.model, usage=item.usage, query_usage=True)
+                record = RecordUsage(model=run.model, usage=item.usage, query_usage=True)
                 run.usage = run.usage + item.usage
                 if run.options.max_budget_usd is None and not self.host_capped:
                     run.unsettled.append(record)  # no cap to check: settled once, when the query ends
@@ -839,9 +841,7 @@ class QueryLoop(TrioActor):
             # A call cut short was billed for what its stream reported: that spend is kept.
             turn.usage_recorded = True
             run.usage = run.usage + turn.streamed_usage
-            run.unsettled.append(
-                RecordUsage.model_construct(model=run.model, usage=turn.streamed_usage, query_usage=True)
-            )
+            run.unsettled.append(RecordUsage(model=run.model, usage=turn.streamed_usage, query_usage=True))
         if remaining is None and turn.pending:
             remaining = self.executor.ask(RemainingResults(text=text), block=False)
         if remaining is not None:
@@ -875,7 +875,7 @@ class QueryLoop(TrioActor):
             errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
         elif terminal.error:
             errors.append(terminal.error)
-        settle = SettleQuery.model_construct(calls=run.unsettled)
+        settle = SettleQuery(calls=run.unsettled)
         if run.side_calls:
             # Summaries or compactions reported their cost to the BudgetGuard: it holds the total.
             totals: BudgetStatus = await self.budget_guard.ask(settle, block=False)

@@ -204,7 +204,7 @@ class StreamingToolExecutor(TrioActor):
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
             output, is_error = tool_error(f"Error: {error}"), True
         attachments, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
-        return ToolResult.model_construct(
+        return ToolResult(
             tool_use_id=entry.id,
             message=tool_result_message(entry.id, output, is_error=is_error),
             attachments=attachments,

@@ -69,8 +69,7 @@ class Usage(BaseModel):
     cache_read_input_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
-        # Sums of valid counts are valid: no re-validation on this hot path.
-        return Usage.model_construct(
+        return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             cache_creation_input_tokens=self.cache_creation_input_tokens + other.cache_creation_input_tokens,
