@@ -137,6 +137,7 @@ class TrioActor(pykka.Actor):
         self._log: Logger | None = None
         self._stop_reply: TrioFuture[Any] | None = None
         self._live_work = 0
+        self._aborting = False
 
     # -- pykka's extension points -------------------------------------------------
 
@@ -273,6 +274,8 @@ class TrioActor(pykka.Actor):
             if self._work_scopes is None:
                 self._work_scopes = set()
             self._work_scopes.add(scope)
+            if self._aborting:
+                scope.cancel()  # started by work the abort is unwinding: it belongs to the abort
         self._live_work += 1
         if nursery is not None:
             nursery.start_soon(self._run_work, coro, reply_to, scope)
@@ -315,8 +318,12 @@ class TrioActor(pykka.Actor):
         if scopes:
             if self._work_drained is None:
                 self._work_drained = trio.lowlevel.ParkingLot()
-            while scopes:
-                await self._work_drained.park()
+            self._aborting = True
+            try:
+                while scopes:
+                    await self._work_drained.park()
+            finally:
+                self._aborting = False
         if reply_to is not None:
             reply_to.set(AbortAck(actor=self.name, cancelled_work=cancelled))
 

@@ -600,7 +600,33 @@ def run_and_check(case: Case) -> Observed:
 # -- the tests -----------------------------------------------------------------------------------
 
 
+# Found by this test: an abort landing exactly as one queued unsafe tool ended, while the ending
+# tool's own last step started the next one (the abort once waited for that tool's whole run).
+ABORT_AS_A_QUEUED_TOOL_STARTS = Case(
+    script=(
+        {
+            "content": [
+                {"type": "tool_use", "id": "toolu_0_0", "name": "gamma", "input": {"step": 0, "n": 0}},
+                {"type": "tool_use", "id": "toolu_0_1", "name": "ghost", "input": {"step": 0, "n": 1}},
+                {"type": "tool_use", "id": "toolu_0_2", "name": "gamma", "input": {"step": 0, "n": 2}},
+            ],
+            "stop_reason": "tool_use",
+            "latency_ms": 0,
+        },
+        {"content": [{"type": "text", "text": "the final answer"}], "stop_reason": "end_turn", "latency_ms": 0},
+    ),
+    tools=(
+        ToolSpec(name="alpha", latency_s=0.0, safe=False, failure=None),
+        ToolSpec(name="beta", latency_s=0.0, safe=False, failure=None),
+        ToolSpec(name="gamma", latency_s=2.0, safe=False, failure=None),
+    ),
+    max_retries=0,
+    abort=AbortAt(offset_s=2.0, reason="user"),
+)
+
+
 @PROFILE
+@example(case=ABORT_AS_A_QUEUED_TOOL_STARTS)
 @given(case=cases)
 def test_random_queries_aborted_at_random_moments_keep_every_invariant(case: Case) -> None:
     run_and_check(case)

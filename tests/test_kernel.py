@@ -363,3 +363,34 @@ async def test_abort_cancels_work_started_just_before_it_even_if_the_work_has_no
             assert ref.busy() == 0  # type: ignore[attr-defined]
         await trio.sleep(120)
         assert finished == []
+
+
+async def test_work_started_by_work_an_abort_is_unwinding_is_aborted_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    ran: list[str] = []
+
+    class Chain(TrioActor):
+        async def first(self) -> None:
+            try:
+                await trio.sleep(60)
+            finally:
+                self.start_work(self.second)  # a queue moving on as the first job ends
+
+        async def second(self) -> None:
+            await trio.sleep(60)
+            ran.append("second finished")
+
+        def on_receive(self, message: Any) -> None:
+            self.start_work(self.first)
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Chain)
+        ref.tell("go")
+        await trio.testing.wait_all_tasks_blocked()
+        start = trio.current_time()
+        await group.abort("user")
+        assert trio.current_time() == start  # the ack did not wait for the second job's minute
+        await trio.sleep(120)
+        assert ran == []
