@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import trio
-from pydantic import ConfigDict
 
 from actors.budget_guard import RecordUsage
 from runtime.actor import TrioActor
@@ -40,7 +39,7 @@ from runtime.context import (
     token_warning_state,
 )
 from runtime.events import TranscriptMessage, UserMessage
-from runtime.messages import Message
+from runtime.messages import CarrierMessage, Message
 from runtime.model import ModelError, ModelProvider, ModelRequest
 from runtime.stream import complete_text
 from runtime.transcript import normalize_messages_for_api
@@ -71,16 +70,12 @@ class ContextConfig(Message):
     snip_max_rounds: int | None
 
 
-class Prepare(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
+class Prepare(CarrierMessage):
     messages: list[TranscriptMessage]
     config: ContextConfig
 
 
-class Prepared(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
+class Prepared(CarrierMessage):
     messages: list[TranscriptMessage]
     tokens: int
     compacted: list[TranscriptMessage] | None = None
@@ -90,37 +85,27 @@ class Prepared(Message):
     blocking: bool = False
 
 
-class Compact(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
+class Compact(CarrierMessage):
     messages: list[TranscriptMessage]
     config: ContextConfig
     trigger: Literal["auto", "reactive"]
 
 
-class Compacted(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
+class Compacted(CarrierMessage):
     messages: list[TranscriptMessage]
     pre_tokens: int
 
 
-class StageCollapse(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
+class StageCollapse(CarrierMessage):
     messages: list[TranscriptMessage]
     config: ContextConfig
 
 
-class DrainCollapses(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
+class DrainCollapses(CarrierMessage):
     messages: list[TranscriptMessage]
 
 
-class Drained(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
+class Drained(CarrierMessage):
     messages: list[TranscriptMessage]
     committed: int
 

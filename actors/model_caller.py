@@ -25,13 +25,12 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import trio
-from pydantic import ConfigDict
 
 from actors.tool_executor import AddTool, BeginTurn
 from runtime.actor import TrioActor
 from runtime.events import AssistantMessage, StreamEvent, SystemMessage, Usage
 from runtime.flow import deliver
-from runtime.messages import Message
+from runtime.messages import CarrierMessage
 from runtime.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from runtime.stream import CompletedBlock, ResponseAssembler
 
@@ -50,9 +49,7 @@ def max_output_tokens_message(max_tokens: int) -> str:
     )
 
 
-class StartCall(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
+class StartCall(CarrierMessage):
     request: ModelRequest
     sink: trio.MemorySendChannel[Any]
     turn: BeginTurn
@@ -62,10 +59,8 @@ class StartCall(Message):
     """Persistent overload (retries exhausted on 529s) then asks for the fallback model, as the reference does."""
 
 
-class CallEnded(Message):
+class CallEnded(CarrierMessage):
     """The last item a call sends to the turn channel."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     stop_reason: str | None = None
     usage: Usage = Usage()

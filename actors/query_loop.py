@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
-from pydantic import ConfigDict
 
 from actors.budget_guard import (
     BeginQuery,
@@ -80,7 +79,7 @@ from runtime.events import (
 )
 from runtime.flow import drain
 from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
-from runtime.messages import Abort, AbortReason, Message
+from runtime.messages import Abort, AbortReason, CarrierMessage, Message
 from runtime.model import ModelError, ModelRequest
 from runtime.options import DEFAULT_SYSTEM_PROMPT, QueryOptions
 from runtime.pricing import context_window_for, pricing_for
@@ -141,18 +140,19 @@ class QueryControl:
     overtakes the `RunQuery` in the mailbox still reaches the query.
     """
 
-    __slots__ = ("abort_reason", "ended", "finished")
+    __slots__ = ("abort_reason", "ended")
 
     def __init__(self) -> None:
         self.abort_reason: AbortReason | None = None
-        self.finished = False
         self.ended = trio.Event()
         """Set once the query's work is over (its result sent, or the session closed under it)."""
 
+    @property
+    def finished(self) -> bool:
+        return self.ended.is_set()
 
-class RunQuery(Message):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
+class RunQuery(CarrierMessage):
     prompt: UserMessage
     options: QueryOptions
     sink: trio.MemorySendChannel[Any]
@@ -214,7 +214,6 @@ class _Run:
     tools: dict[str, Any]
     started: float
     context: ContextConfig
-    turn_count: int = 1
     transitions: list[ContinueReason] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     unsettled: list[RecordUsage] = field(default_factory=list)
@@ -378,7 +377,6 @@ class QueryLoop(TrioActor):
             await self._send_outcome(run, terminal, state)
         finally:
             self._run = None
-            run.control.finished = True
             run.control.ended.set()
             queued, self._queued = self._queued, None
             if queued is not None:
@@ -468,7 +466,6 @@ class QueryLoop(TrioActor):
                 self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
 
     async def _begin_iteration(self, run: _Run, state: State) -> None:
-        run.turn_count = state.turn_count
         if state.transition is not None:
             await self._flush_transcript()  # a continue site: the turn that ended is made durable
 

@@ -20,22 +20,20 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import trio
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from runtime.actor import TrioActor
 from runtime.events import AttachmentMessage, Block, ProgressEvent, UserMessage
 from runtime.flow import deliver
 from runtime.hooks import PostToolUseHook, PostToolUseInput
-from runtime.messages import Message
+from runtime.messages import CarrierMessage, Message
 from runtime.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
 from runtime.transcript import tool_error, tool_result_message
 
 
-class BeginTurn(Message):
+class BeginTurn(CarrierMessage):
     """One model call's tool setting: results go to `sink`. It travels with each `AddTool`: a call
     without tools never wakes the executor, and the first tool of a new call discards the old call's."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     sink: trio.MemorySendChannel[Any]
     tools: dict[str, Tool]
@@ -43,10 +41,8 @@ class BeginTurn(Message):
     post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
 
 
-class AddTool(Message):
+class AddTool(CarrierMessage):
     """A `tool_use` block completed in the stream (or was cut off: `input_error` says why)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     block: Block
     turn: BeginTurn

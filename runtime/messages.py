@@ -27,6 +27,13 @@ class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class CarrierMessage(Message):
+    """A message that carries runtime objects (channels, callables, actor refs, exceptions, other messages):
+    such fields are checked with `isinstance`, not validated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
 class SupervisorMessage(Message):
     """A message of the supervision protocol: delivered before ordinary mail."""
 
