@@ -28,7 +28,7 @@ import trio
 
 from actors.tool_executor import AddTool, BeginTurn
 from runtime.actor import TrioActor
-from runtime.events import AssistantMessage, StreamEvent, SystemMessage, Usage
+from runtime.events import AssistantMessage, StreamEvent, SystemMessage, Usage, api_error_message
 from runtime.flow import deliver
 from runtime.messages import CarrierMessage
 from runtime.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
@@ -137,7 +137,7 @@ class ModelCaller(TrioActor):
                     return
                 withheld = None
                 if error.kind == "prompt_too_long":
-                    withheld = _api_error(call, PROMPT_TOO_LONG_ERROR_MESSAGE)
+                    withheld = api_error_message(call.request.model, PROMPT_TOO_LONG_ERROR_MESSAGE)
                 ended = CallEnded(withheld=withheld, error=error)
             except Exception as error:  # noqa: BLE001 - a provider's bug is this call's model error, not a dead session
                 self.log.opt(exception=error).error("model provider raised an unclassified error")
@@ -161,7 +161,7 @@ class ModelCaller(TrioActor):
             await self._hand_over(cut, assembler, call)
         withheld = None
         if assembler.stop_reason == "max_tokens":
-            withheld = _api_error(call, max_output_tokens_message(call.request.max_tokens))
+            withheld = api_error_message(call.request.model, max_output_tokens_message(call.request.max_tokens))
         return CallEnded(
             stop_reason=assembler.stop_reason, usage=assembler.usage, withheld=withheld, error=None, fallback=False
         )
@@ -186,12 +186,3 @@ class ModelCaller(TrioActor):
         await deliver(call.sink, message)
         if completed.block.get("type") == "tool_use" and self.executor is not None:
             self.executor.tell(AddTool(block=completed.block, turn=call.turn, input_error=completed.input_error))
-
-
-def _api_error(call: StartCall, text: str) -> AssistantMessage:
-    return AssistantMessage(
-        message_id="api_error",
-        model=call.request.model,
-        content=[{"type": "text", "text": text}],
-        is_api_error=True,
-    )

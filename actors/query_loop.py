@@ -76,6 +76,7 @@ from runtime.events import (
     TranscriptMessage,
     Usage,
     UserMessage,
+    api_error_message,
 )
 from runtime.flow import drain
 from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
@@ -396,7 +397,7 @@ class QueryLoop(TrioActor):
                     run, prepared.compacted, prepared.pre_compact_tokens
                 )
             if prepared.blocking:
-                await self._surface(run, _api_error_message(run, PROMPT_TOO_LONG_ERROR_MESSAGE))
+                await self._surface(run, api_error_message(run.model, PROMPT_TOO_LONG_ERROR_MESSAGE))
                 return Terminal(reason="blocking_limit"), state
             turn, messages_for_query = await self._model_phase(run, state, messages_for_query)
             ended = turn.ended
@@ -815,15 +816,7 @@ class QueryLoop(TrioActor):
         run.ending = True
         await self._collect_remaining(run, turn, f"Error: {error.message}")
         text = error.message if error.kind == "image_size" else f"API Error: {error.message}"
-        await self._surface(
-            run,
-            AssistantMessage(
-                message_id="api_error",
-                model=run.model,
-                content=[{"type": "text", "text": text}],
-                is_api_error=True,
-            ),
-        )
+        await self._surface(run, api_error_message(run.model, text))
         if error.kind == "image_size":
             return Terminal(reason="image_error", error=text)
         return Terminal(reason="model_error", error=text)
@@ -984,12 +977,6 @@ def _task_budget(run: _Run) -> dict[str, int] | None:
     if run.task_budget_remaining is None:
         return {"total": total}
     return {"total": total, "remaining": run.task_budget_remaining}
-
-
-def _api_error_message(run: _Run, text: str) -> AssistantMessage:
-    return AssistantMessage(
-        message_id="api_error", model=run.model, content=[{"type": "text", "text": text}], is_api_error=True
-    )
 
 
 def _turn_done(turn: _Turn) -> bool:

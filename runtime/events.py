@@ -103,6 +103,13 @@ class AssistantMessage(Event):
     """A synthetic message that reports an API error to the user; never sent back to the model."""
 
 
+def api_error_message(model: str, text: str) -> AssistantMessage:
+    """The synthetic assistant message that reports an API error to the user (never sent to the model)."""
+    return AssistantMessage(
+        message_id="api_error", model=model, content=[{"type": "text", "text": text}], is_api_error=True
+    )
+
+
 class SystemMessage(Event):
     """A notice for the user (model fallback, compaction boundary, retries); never sent to the model."""
 
