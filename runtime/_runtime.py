@@ -1,4 +1,4 @@
-"""`Runtime`: the trio nursery that hosts every session's actor group."""
+"""`Runtime`: the trio nursery whose tasks are the work of every session's actors."""
 
 from __future__ import annotations
 
@@ -62,6 +62,10 @@ class Runtime:
                 with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
                     for session in list(runtime._sessions.values()):
                         await session.close()
+                # What did not settle in time is stopped now: its actors' work is cancelled, their
+                # on_stop runs once it has unwound, which leaving the nursery waits for.
+                for group in list(runtime._groups.values()):
+                    group.close_nowait()
                 nursery.cancel_scope.cancel()
 
     @property
@@ -159,8 +163,7 @@ class Runtime:
         if session_id in self._groups:
             msg = f"session id {session_id!r} is already open"
             raise ValueError(msg)
-        supervisor = Supervisor(session_id, on_closed=self._forget)
-        await self._nursery.start(supervisor.run, name=f"session {session_id}")
+        supervisor = Supervisor(session_id, self._nursery, on_closed=self._forget)
         self._groups[session_id] = supervisor
         return supervisor
 

@@ -1,4 +1,4 @@
-"""`TrioActor`: a pykka actor whose loop is a trio task of its session's supervisor.
+"""`TrioActor`: a pykka actor whose handlers run on trio's thread and whose work runs as trio tasks.
 
 It is built on pykka's extension points for new actor types
 (`_create_actor_inbox`, `_create_future`, `_start_actor_loop`) and keeps
@@ -6,23 +6,29 @@ pykka's contract: `tell`, `ask`, proxies, `on_start` / `on_stop` /
 `on_failure`, `ActorDeadError` for mail to a dead actor. What differs, and why:
 
 * **Handlers return at once.** `on_receive` and proxied methods are plain
-  functions run on the trio thread. Long work is never awaited in a handler: a
-  handler that returns a coroutine (an `async def` method called through a
-  proxy, say) has that coroutine run as *work* in the actor's own nursery, under
-  its own cancel scope, and its result answers the ask. `start_work` does the
-  same for work nobody awaits. The mailbox stays responsive meanwhile.
+  functions run on the trio thread, one message at a time, by the thread's
+  `Dispatcher` (`runtime._inbox`): an idle actor has no task of its own. Long work
+  is never awaited in a handler: a handler that returns a coroutine (an
+  `async def` method called through a proxy, say) has that coroutine run as
+  *work*, a trio task in its session's nursery under a cancel scope the actor
+  owns, and its result answers the ask. `start_work` does the same for work
+  nobody awaits. The mailbox stays responsive meanwhile.
 * **Errors go to whoever asked.** An exception in a handler or in work that
   answers an ask is set on the asker's future. One that nobody would see (a
   `tell`, or `start_work`) crashes the actor: `on_failure` runs and the
   supervisor closes the session with an `ActorCrashed` error.
 * **Supervisor messages overtake.** `Abort` arrives through the inbox's urgent
-  lane; the actor runs `on_abort`, cancels all its work, waits until that work has
-  unwound and answers `AbortAck`. Only then does it read ordinary mail again.
+  lane; the actor runs `on_abort`, cancels its abortable work and answers
+  `AbortAck` once that work has unwound. Meanwhile only supervisor mail is
+  delivered to it; ordinary mail waits, in order.
+* **Stopping waits for the work.** `stop()` or the supervisor's `Shutdown` cancel
+  all the actor's work; once it has unwound, `on_stop` runs, queued mail is refused
+  and the stop is answered.
 * **No global registry.** pykka's `ActorRegistry` is one locked list with O(n)
   removal; a `TrioActor` is owned by its `Supervisor` instead, so closing a
   session costs the same with ten or ten thousand sessions alive.
 * **Started inside a session.** `Supervisor.spawn(Cls, ...)` starts one (from any
-  thread); `Cls.start(...)` works from code already running in a session's actor.
+  thread); `Cls.start(...)` works from a handler or work of a session's actor.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from pykka import ActorDeadError, ActorRef
 from pykka.messages import _ActorStop
 
 from runtime._future import TrioFuture
-from runtime._inbox import PriorityInbox
+from runtime._inbox import OPEN, URGENT_ONLY, Dispatcher, PriorityInbox
 from runtime.errors import NotInSession, WorkCancelled
 from runtime.messages import Abort, AbortAck, AbortReason, Shutdown
 
@@ -48,16 +54,19 @@ if TYPE_CHECKING:
 
     from loguru import Logger
     from pykka._actor import ActorInbox
+    from pykka._envelope import Envelope
 
     from runtime.supervisor import Supervisor
 
 current_supervisor: contextvars.ContextVar[Supervisor] = contextvars.ContextVar("queryloop_current_supervisor")
-"""The supervisor of the session whose code is running; set for every actor's task."""
+"""The supervisor of the session being spawned into, or whose work is running."""
 
 
 A = TypeVar("A", bound="TrioActor")
-_PendingWork = tuple["Coroutine[Any, Any, Any]", "TrioFuture[Any] | None", trio.CancelScope]
 _urns = itertools.count(1)
+
+# Life of an actor: NEW → RUNNING ⇄ ABORTING → STOPPING → STOPPED.
+_NEW, _RUNNING, _ABORTING, _STOPPING, _STOPPED = range(5)
 
 
 class _StoppedFlag:
@@ -122,42 +131,55 @@ class TrioActor(pykka.Actor):
         # URN instead of uuid4, and a plain flag instead of a threading.Event (Condition, Lock and
         # deque, for every actor of every session) since only is_set()/set() are ever used.
         self.actor_urn = f"urn:queryloop:{supervisor.session_id}:{next(_urns)}"
-        self.actor_inbox = self._create_actor_inbox()
+        self.actor_inbox = PriorityInbox(self)
         self.actor_stopped = _StoppedFlag()  # type: ignore[assignment]
         self._actor_ref = TrioActorRef(self)
         self.supervisor: Supervisor = supervisor
-        self._work_nursery: trio.Nursery | None = None
+        self._state = _NEW
+        self._crashed = False
         # Made on first use (most actors of most sessions never need them; the GC would still walk them).
-        self._pending_work: list[tuple[Coroutine[Any, Any, Any], TrioFuture[Any] | None, trio.CancelScope]] | None = (
-            None
-        )
-        self._running = False
-        self._work_scopes: set[trio.CancelScope] | None = None
-        self._work_drained: trio.lowlevel.ParkingLot | None = None
-        self._log: Logger | None = None
-        self._stop_reply: TrioFuture[Any] | None = None
+        self._work: dict[trio.CancelScope, bool] | None = None
+        """Every running piece of work: its cancel scope → whether an `Abort` cancels it."""
         self._live_work = 0
-        self._aborting = False
+        self._abortable_work = 0
+        self._abort_acks: list[tuple[TrioFuture[Any] | None, int]] | None = None
+        self._stop_reply: TrioFuture[Any] | None = None
+        self._log: Logger | None = None
 
     # -- pykka's extension points -------------------------------------------------
 
     @classmethod
     def start(cls, *args: Any, **kwargs: Any) -> ActorRef[Self]:
-        """Construct the actor and start its loop in the current session (no global registry)."""
-        actor = cls(*args, **kwargs)
-        actor._start_actor_loop()
-        return actor.actor_ref
+        """Start an actor in the session whose handler or work calls this (no global registry)."""
+        running = Dispatcher.for_this_thread().current
+        supervisor = running.supervisor if running is not None else current_supervisor.get(None)
+        if supervisor is None:
+            msg = (
+                f"{cls.__name__} must be started inside a session: "
+                "use `supervisor.spawn(...)`, or `.start()` from a running actor"
+            )
+            raise NotInSession(msg)
+        return supervisor.spawn(cls, *args, **kwargs)
 
     @staticmethod
     def _create_actor_inbox() -> ActorInbox:
-        return PriorityInbox()
+        msg = "a TrioActor makes its inbox itself (it needs the actor)"
+        raise NotImplementedError(msg)
 
     @staticmethod
     def _create_future() -> TrioFuture[Any]:
         return TrioFuture()
 
     def _start_actor_loop(self) -> None:
-        self.supervisor._launch(self)  # noqa: SLF001 - the supervisor owns the actor's task
+        """Join the supervisor's group, run `on_start`, then open the inbox."""
+        self.supervisor._launch(self)  # noqa: SLF001 - the supervisor owns the actor
+        self._state = _RUNNING
+        try:
+            self.on_start()
+        except Exception as error:  # noqa: BLE001 - a crash of this actor, reported to its supervisor
+            self._crash(error)
+            return
+        self.actor_inbox.set_gate(OPEN)  # type: ignore[attr-defined]
 
     # -- extension points of our own ----------------------------------------------
 
@@ -176,12 +198,12 @@ class TrioActor(pykka.Actor):
         """Called on `Abort`, before the actor's work is cancelled. Override to record what was cut."""
 
     def start_work(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, abortable: bool = True) -> None:
-        """Run `async_fn(*args)` in this actor's nursery; an error in it crashes the actor.
+        """Run `async_fn(*args)` as a task of this actor; an error in it crashes the actor.
 
         An `Abort` cancels abortable work (and waits for it) before it is acked.
         Work started with `abortable=False` is left to the actor's `on_abort`, for
-        work that must itself finish the job an abort interrupts; closing the
-        session still cancels it.
+        work that must itself finish the job an abort interrupts; stopping the
+        actor (or closing the session) still cancels it.
         """
         self._start_work(async_fn(*args), None, abortable=abortable)  # type: ignore[arg-type]
 
@@ -190,109 +212,62 @@ class TrioActor(pykka.Actor):
         """How many work tasks of this actor are running (abortable or not)."""
         return self._live_work
 
-    # -- the loop -------------------------------------------------------------------
+    # -- delivery (called by the dispatcher, one envelope at a time) ----------------
 
-    async def _actor_main(self) -> None:
-        crashed = False
-        self._running = True
+    def _handle_envelope(self, envelope: Envelope[Any]) -> None:
+        message = envelope.message
+        reply_to: TrioFuture[Any] | None = envelope.reply_to  # type: ignore[assignment]
+        kind = type(message)
+        if kind is Abort:
+            self._abort(message.reason, reply_to)
+            return
+        if kind is Shutdown:
+            self._begin_stop(None)
+            return
+        if kind is _ActorStop:
+            self._begin_stop(reply_to)  # pykka answers a stop once on_stop has run
+            return
+        dispatcher = self.actor_inbox._dispatcher  # type: ignore[attr-defined]  # noqa: SLF001
+        dispatcher.current = self
         try:
-            self.on_start()
-            # The work nursery is opened on the first work only: many actors of many sessions
-            # never need one, and an idle nursery costs time to open and memory to keep.
-            if self._pending_work or await self._serve():
-                async with trio.open_nursery() as work:
-                    self._work_nursery = work
-                    for coro, reply_to, scope in self._pending_work or ():
-                        work.start_soon(self._run_work, coro, reply_to, scope)
-                    self._pending_work = None
-                    await self._serve()
-                    work.cancel_scope.cancel()
-        except* Exception as group:  # noqa: BLE001 - a crash of this actor, reported below
-            crashed = True
-            self._crash(group)
-        finally:
-            self._running = False
-            self._work_nursery = None
-            for coro, reply_to, scope in self._pending_work or ():
-                coro.close()
-                self._work_done(scope, reply_to)
-            self._pending_work = None
-            self.actor_stopped.set()
-            if not crashed:
-                try:
-                    self.on_stop()
-                except Exception:
-                    self.log.exception("on_stop raised")
-            self._fail_undelivered()
-            if self._stop_reply is not None:
-                self._stop_reply.set(None)
-
-    async def _serve(self) -> bool:
-        """Handle mail until the actor stops (False) or, before it has one, needs its work nursery (True)."""
-        inbox: PriorityInbox = self.actor_inbox  # type: ignore[assignment]
-        stopped = self.actor_stopped
-        while not stopped.is_set():
-            if self._pending_work:
-                return True
-            envelope = await inbox.receive()
-            message = envelope.message
-            reply_to: TrioFuture[Any] | None = envelope.reply_to  # type: ignore[assignment]
-            if type(message) is Abort:
-                await self._abort(message, reply_to)
-                continue
-            if type(message) is Shutdown:
-                return False  # the caller cancels what work is left on its way out
-            if type(message) is _ActorStop:
-                # pykka answers a stop once on_stop has run: the reply waits for the teardown.
-                self._stop_reply = reply_to
-                return False
-            try:
-                response = self._handle_receive(message)
-            except Exception as error:
-                if reply_to is None:
-                    raise
+            response = self._handle_receive(message)
+        except Exception as error:  # noqa: BLE001 - to the asker, or a crash of this actor
+            if reply_to is None:
+                self._crash(error)
+            else:
                 reply_to.fail(error)
-                continue
-            if type(response) is CoroutineType:
-                self._start_work(response, reply_to)
-            elif reply_to is not None:
-                reply_to.set(response)
-        return False
+            return
+        finally:
+            dispatcher.current = None
+        if type(response) is CoroutineType:
+            self._start_work(response, reply_to)
+        elif reply_to is not None:
+            reply_to.set(response)
+
+    # -- work -------------------------------------------------------------------------
 
     def _start_work(
         self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, *, abortable: bool = True
     ) -> None:
-        nursery = self._work_nursery
-        if nursery is None and not self._running:
+        if self._state >= _STOPPING:
             coro.close()
-            msg = f"{self} is not running"
+            msg = f"{self} is stopping"
             raise ActorDeadError(msg)
         # The scope is registered now, not when the task first runs: an Abort handled in between
         # must cancel this work too (it then stops at its first checkpoint).
         scope = trio.CancelScope()
-        if abortable:
-            if self._work_scopes is None:
-                self._work_scopes = set()
-            self._work_scopes.add(scope)
-            if self._aborting:
-                scope.cancel()  # started by work the abort is unwinding: it belongs to the abort
+        work = self._work
+        if work is None:
+            work = self._work = {}
+        work[scope] = abortable
         self._live_work += 1
-        if nursery is not None:
-            nursery.start_soon(self._run_work, coro, reply_to, scope)
-        else:
-            if self._pending_work is None:
-                self._pending_work = []
-            self._pending_work.append((coro, reply_to, scope))  # started once the nursery is open
-
-    def _work_done(self, scope: trio.CancelScope, reply_to: TrioFuture[Any] | None) -> None:
-        self._live_work -= 1
-        scopes = self._work_scopes
-        if scopes is not None:
-            scopes.discard(scope)
-        if reply_to is not None and not reply_to.done():
-            reply_to.fail(WorkCancelled(f"{self.name}: work cancelled before it answered"))
-        if not scopes and self._work_drained is not None:
-            self._work_drained.unpark_all()
+        if abortable:
+            self._abortable_work += 1
+            if self._state == _ABORTING:
+                scope.cancel()  # started by work the abort is unwinding: it belongs to the abort
+        supervisor = self.supervisor
+        # In the session's context, whatever task's mail started it (a host's, another session's).
+        supervisor._context.run(supervisor._nursery.start_soon, self._run_work, coro, reply_to, scope)  # noqa: SLF001
 
     async def _run_work(
         self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, scope: trio.CancelScope
@@ -302,35 +277,95 @@ class TrioActor(pykka.Actor):
                 result = await coro
                 if reply_to is not None:
                     reply_to.set(result)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - to the asker, or a crash of this actor
             if reply_to is None:
-                raise
-            reply_to.fail(error)
+                self._crash(error)
+            else:
+                reply_to.fail(error)
         finally:
             self._work_done(scope, reply_to)
 
-    async def _abort(self, message: Abort, reply_to: TrioFuture[Any] | None) -> None:
-        self.on_abort(message.reason)
-        scopes = self._work_scopes or set()
-        cancelled = len(scopes)
-        for scope in scopes:
-            scope.cancel()
-        if scopes:
-            if self._work_drained is None:
-                self._work_drained = trio.lowlevel.ParkingLot()
-            self._aborting = True
-            try:
-                while scopes:
-                    await self._work_drained.park()
-            finally:
-                self._aborting = False
-        if reply_to is not None:
-            reply_to.set(AbortAck(actor=self.name, cancelled_work=cancelled))
+    def _work_done(self, scope: trio.CancelScope, reply_to: TrioFuture[Any] | None) -> None:
+        self._live_work -= 1
+        if self._work is not None and self._work.pop(scope):
+            self._abortable_work -= 1
+        if reply_to is not None and not reply_to.done():
+            reply_to.fail(WorkCancelled(f"{self.name}: work cancelled before it answered"))
+        if self._state == _ABORTING and not self._abortable_work:
+            self._state = _RUNNING
+            self._send_abort_acks()
+            self.actor_inbox.set_gate(OPEN)  # type: ignore[attr-defined]
+        elif self._state == _STOPPING and not self._live_work:
+            self._finish()
 
-    def _crash(self, group: BaseExceptionGroup[Exception]) -> None:
-        error: BaseException = group
+    # -- supervision --------------------------------------------------------------------
+
+    def _abort(self, reason: AbortReason, reply_to: TrioFuture[Any] | None) -> None:
+        try:
+            self.on_abort(reason)
+        except Exception as error:  # noqa: BLE001 - a crash of this actor, reported to its supervisor
+            self._crash(error)
+            if reply_to is not None:
+                reply_to.fail(ActorDeadError(f"{self} crashed in on_abort"))
+            return
+        cancelled = 0
+        for scope, abortable in (self._work or {}).items():
+            if abortable and not scope.cancel_called:
+                scope.cancel()
+                cancelled += 1
+        if not self._abortable_work and self._state < _STOPPING:
+            if reply_to is not None:
+                reply_to.set(AbortAck(actor=self.name, cancelled_work=cancelled))
+            return
+        # Answered once the cancelled work has unwound; meanwhile only supervisor mail comes in.
+        if self._abort_acks is None:
+            self._abort_acks = []
+        self._abort_acks.append((reply_to, cancelled))
+        if self._state == _RUNNING:
+            self._state = _ABORTING
+            self.actor_inbox.set_gate(URGENT_ONLY)  # type: ignore[attr-defined]
+
+    def _send_abort_acks(self) -> None:
+        acks, self._abort_acks = self._abort_acks or [], None
+        for reply_to, cancelled in acks:
+            if reply_to is not None and not reply_to.done():
+                reply_to.set(AbortAck(actor=self.name, cancelled_work=cancelled))
+
+    def _begin_stop(self, reply_to: TrioFuture[Any] | None) -> None:
+        """Cancel all work; finish (on_stop, refuse the mail left, answer) once it has unwound."""
+        if reply_to is not None:
+            self._stop_reply = reply_to
+        if self._state >= _STOPPING:
+            return
+        self._state = _STOPPING
+        self.actor_inbox.set_gate(URGENT_ONLY)  # type: ignore[attr-defined]
+        for scope in self._work or ():
+            scope.cancel()
+        if not self._live_work:
+            self._finish()
+
+    def _finish(self) -> None:
+        self._state = _STOPPED
+        self.actor_stopped.set()
+        if not self._crashed:
+            try:
+                self.on_stop()
+            except Exception:
+                self.log.exception("on_stop raised")
+        self.actor_inbox.close(f"{self} stopped before handling the message")  # type: ignore[attr-defined]
+        self._send_abort_acks()
+        if self._stop_reply is not None:
+            self._stop_reply.set(None)
+            self._stop_reply = None
+        self.supervisor._actor_finished(self)  # noqa: SLF001
+
+    def _crash(self, error: BaseException) -> None:
+        if self._crashed or self._state == _STOPPED:
+            self.log.opt(exception=error).error("error after the actor crashed")
+            return
         while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
             error = error.exceptions[0]
+        self._crashed = True
         self.actor_stopped.set()
         self.log.opt(exception=error).error("actor crashed")
         try:
@@ -338,7 +373,4 @@ class TrioActor(pykka.Actor):
         except Exception:
             self.log.exception("on_failure raised")
         self.supervisor._actor_crashed(self, error)  # noqa: SLF001
-
-    def _fail_undelivered(self) -> None:
-        inbox: PriorityInbox = self.actor_inbox  # type: ignore[assignment]
-        inbox.close(f"{self} stopped before handling the message")
+        self._begin_stop(None)

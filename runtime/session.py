@@ -104,14 +104,22 @@ class QueryHandle:
         await self.aclose()
 
     def __del__(self) -> None:
-        # Dropped without aclose(): that is the user's abort. Nothing can be awaited here,
-        # so the abort is told (not asked) and the channel closed.
+        # Dropped without aclose(): that is the user's abort. A finalizer runs wherever the
+        # collector happens to run, even inside trio's scheduler, so nothing is done here: the
+        # abort and the closing of the channel are handed to the trio thread to run next.
+        session, control, receive = self._session, self._control, self._receive
+        if self.done:
+            return
+
+        def abandoned() -> None:
+            if control.abort_reason is None and not control.finished:
+                session.abort_nowait("user")
+            receive.close()
+
         try:
-            if not self.done and self._control.abort_reason is None and not self._control.finished:
-                self._session.abort_nowait("user")
-            self._receive.close()
-        except Exception:  # noqa: BLE001 - finalizers must not raise
-            pass
+            session.supervisor._token.run_sync_soon(abandoned)  # noqa: SLF001
+        except trio.RunFinishedError:
+            pass  # the run is over: nothing is left to abort
 
 
 class Session:

@@ -1,16 +1,18 @@
 """`Supervisor`: owns one session's actor group and carries its aborts.
 
-The group is one trio task in the runtime's nursery holding one nursery; every
-actor of the session is a task in it. Hence:
+A group has no task of its own: its actors' handlers run on the dispatcher
+(`runtime._inbox`) and their work runs as tasks of the nursery the group was
+opened in (the runtime's), each under a cancel scope its actor owns. Hence:
 
 * closing the group tells every actor `Shutdown` (urgent lane): each cancels its
-  own work and leaves its loop; `close()` returns when every task of the session,
-  actors and their work alike, has finished: nothing of a session runs after it;
-* an actor's crash is caught at the actor (its loop never raises), so the
-  failure is this session's alone: the supervisor records it as
+  work and, once that has unwound, stops; `close()` returns when every actor has
+  stopped, so no task of the session runs after it;
+* an actor's crash is caught at the actor (its work never raises into the
+  nursery), so the failure is this session's alone: the supervisor records it as
   `ActorCrashed`, tells its listeners, and closes the group (one for all);
   other sessions never see it;
-* closing is O(this session's tasks), whatever else is alive.
+* opening and closing a group is O(this session's actors and work), whatever
+  else is alive.
 
 `spawn`, `abort` and `close` may be called from the trio thread or from any other
 thread (they are then run on the trio thread through its token).
@@ -41,17 +43,25 @@ A = TypeVar("A", bound=TrioActor)
 class Supervisor:
     """The parent of one session's actors."""
 
-    def __init__(self, session_id: str, *, on_closed: Callable[[Supervisor], None] | None = None) -> None:
+    def __init__(
+        self, session_id: str, nursery: trio.Nursery, *, on_closed: Callable[[Supervisor], None] | None = None
+    ) -> None:
         self.session_id = session_id
         self.failure: ActorCrashed | None = None
         """Set when an actor of the group crashed; the group is then closed."""
         self.actors: list[TrioActor] = []
-        self._nursery: trio.Nursery | None = None
-        self._closing = trio.Event()
+        self._nursery = nursery
+        """Where the actors' work runs (the runtime's nursery)."""
+        self._live = 0
+        """Actors started and not stopped yet."""
+        self._closing = False
         self._closed = trio.Event()
         self._on_closed = on_closed
         self._crash_listeners: list[Callable[[ActorCrashed], None]] = []
-        self._context: contextvars.Context | None = None
+        # One context holding `current_supervisor` for the whole session: the work of its actors runs in it,
+        # whichever task's mail started that work.
+        self._context = contextvars.copy_context()
+        self._context.run(current_supervisor.set, self)
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.get_ident()
 
@@ -63,44 +73,44 @@ class Supervisor:
     def closed(self) -> bool:
         return self._closed.is_set()
 
-    async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED) -> None:
-        """The group's task: hold the nursery open until `close()` or a crash."""
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started(self)
-                await self._closing.wait()
-                # Leaving the block waits for every actor: each was told to shut down.
-        finally:
-            self._nursery = None
-            self._closed.set()
-            if self._on_closed is not None:
-                self._on_closed(self)
-            # Break the reference cycles (actors ↔ supervisor, listeners ↔ session) so that a
-            # closed session is freed by reference counting, not left to the garbage collector.
-            self.actors = []
-            self._crash_listeners = []
-            self._on_closed = None
-
     # -- starting actors --------------------------------------------------------
 
     def spawn(self, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorRef[A]:
         """Start `actor_class(*args, **kwargs)` in this session and return its ref."""
         if threading.get_ident() != self._thread:
             return trio.from_thread.run_sync(lambda: self.spawn(actor_class, *args, **kwargs), trio_token=self._token)
-        if self._context is None:
-            # One context holding `current_supervisor` for the whole session: every actor task then
-            # shares its mapping, rather than each spawn setting (and allocating) the variable anew.
-            self._context = contextvars.copy_context()
-            self._context.run(current_supervisor.set, self)
-        return self._context.copy().run(actor_class.start, *args, **kwargs)
+        if self._closing:
+            msg = f"session {self.session_id} is closed; cannot start {actor_class.__name__}"
+            raise SessionClosed(msg)
+        token = current_supervisor.set(self)
+        try:
+            actor = actor_class(*args, **kwargs)
+            actor._start_actor_loop()  # noqa: SLF001
+        finally:
+            current_supervisor.reset(token)
+        return actor.actor_ref
 
     def _launch(self, actor: TrioActor) -> None:
-        if self._nursery is None or self._closing.is_set():
+        if self._closing:
             msg = f"session {self.session_id} is closed; cannot start {actor.name}"
             raise SessionClosed(msg)
         self.actors.append(actor)
-        self._nursery.start_soon(actor._actor_main, name=actor.name)  # noqa: SLF001
+        self._live += 1
+
+    def _actor_finished(self, actor: TrioActor) -> None:
+        self._live -= 1
+        if self._closing and not self._live:
+            self._closed_now()
+
+    def _closed_now(self) -> None:
+        self._closed.set()
+        if self._on_closed is not None:
+            self._on_closed(self)
+        # Break the reference cycles (actors ↔ supervisor, listeners ↔ session) so that a
+        # closed session is freed by reference counting, not left to the garbage collector.
+        self.actors = []
+        self._crash_listeners = []
+        self._on_closed = None
 
     # -- supervision ------------------------------------------------------------
 
@@ -137,13 +147,20 @@ class Supervisor:
         if threading.get_ident() != self._thread:
             trio.from_thread.run(self.close, trio_token=self._token)
             return
-        if not self._closing.is_set():
-            shutdown = Shutdown()
-            for actor in self.actors:
-                if not actor.actor_stopped.is_set():
-                    actor.actor_ref.tell(shutdown)
-            self._closing.set()
+        self.close_nowait()
         await self._closed.wait()
+
+    def close_nowait(self) -> None:
+        """Tell every actor `Shutdown` without waiting for them to stop (`wait_closed` does)."""
+        if self._closing:
+            return
+        self._closing = True
+        shutdown = Shutdown()
+        for actor in list(self.actors):
+            if not actor.actor_stopped.is_set():
+                actor.actor_ref.tell(shutdown)
+        if not self._live:
+            self._closed_now()
 
     async def wait_closed(self) -> None:
         """Wait until the group has closed, by `close()` or by a crash."""
@@ -154,8 +171,8 @@ class Supervisor:
         self._crash_listeners.append(listener)
 
     def live_tasks(self) -> int:
-        """How many trio tasks of this session are running (actors and their work)."""
-        return 0 if self._nursery is None else _count_tasks(self._nursery)
+        """How many trio tasks of this session are running (its actors' work)."""
+        return sum(actor.busy for actor in self.actors)
 
     def _actor_crashed(self, actor: TrioActor, error: BaseException) -> None:
         if self.failure is None:
@@ -163,14 +180,4 @@ class Supervisor:
             logger.bind(session=self.session_id).error("session closed: actor {} crashed with {!r}", actor.name, error)
             for listener in self._crash_listeners:
                 listener(self.failure)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
-
-
-def _count_tasks(nursery: trio.Nursery) -> int:
-    total = 0
-    for task in nursery.child_tasks:
-        total += 1
-        for child in task.child_nurseries:
-            total += _count_tasks(child)
-    return total
+        self.close_nowait()

@@ -129,7 +129,8 @@ async def test_concurrency_safe_tools_run_in_parallel_and_unsafe_tools_alone_in_
         assert log.starts["r1"] == log.starts["r2"]  # safe neighbours together
         assert log.starts["w1"] >= max(log.ends["r1"], log.ends["r2"])  # unsafe waits for them
         assert log.starts["r3"] >= log.ends["w1"]  # and nothing behind it jumps the queue
-        assert log.order == ["r1", "r2", "w1", "r3"]
+        # r1 and r2 start in the same scheduler tick, in whichever order trio runs that batch.
+        assert sorted(log.order[:2]) == ["r1", "r2"] and log.order[2:] == ["w1", "r3"]
         await assert_settled(ran)
 
 
