@@ -110,8 +110,9 @@ class BudgetGuard(TrioActor):
             self._token_budget, self._tracker = message.token_budget, BudgetTracker()
             return None
         if isinstance(message, SettleQuery):
-            for call in message.calls:
-                self._record(call)
+            cost = sum(self._account(call) for call in message.calls)
+            if self.parent is not None and cost:
+                self.parent.tell(HostSpend(cost_usd=cost))  # the host's total includes what was cut short
             return self._status()
         if isinstance(message, CheckTokenBudget):
             return check_token_budget(self._tracker, None, self._token_budget, message.global_turn_tokens)
@@ -121,6 +122,12 @@ class BudgetGuard(TrioActor):
         return super().on_receive(message)
 
     def _record(self, message: RecordUsage) -> Any:
+        cost = self._account(message)
+        if self.parent is None:
+            return self._status()
+        return self._report_to_parent(cost)
+
+    def _account(self, message: RecordUsage) -> float:
         # Accounting happens here, synchronously: an abort can never lose a recorded call.
         override = self._pricing if message.model == self._priced_model else None
         cost = cost_usd(message.usage, pricing_for(message.model, override))
@@ -129,9 +136,7 @@ class BudgetGuard(TrioActor):
         self._query_cost += cost
         self.session_usage = self.session_usage + message.usage
         self.session_cost_usd += cost
-        if self.parent is None:
-            return self._status()
-        return self._report_to_parent(cost)
+        return cost
 
     async def _report_to_parent(self, cost: float) -> BudgetStatus:
         assert self.parent is not None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -112,7 +111,6 @@ from runtime.transcript import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from types import TracebackType
 
     from pykka import ActorRef, Future
@@ -197,8 +195,9 @@ class _Turn:
     response_closed: bool = False
     held_results: list[TranscriptMessage] = field(default_factory=list)
     """Tool results emitted while their response was still streaming, waiting for its last block."""
-    streamed_usage: Usage | None = None
-    """The call's usage as its stream reported it so far (billed even if the call never ends)."""
+    streamed_start: dict[str, Any] | None = None
+    streamed_delta: dict[str, Any] | None = None
+    """The call's usage as its stream reported it so far, raw (billed even if the call never ends)."""
     usage_recorded: bool = False
 
 
@@ -351,8 +350,6 @@ class QueryLoop(TrioActor):
     async def _query(self, message: RunQuery) -> None:
         run = self._run
         assert run is not None
-        state = State(messages=[])
-        terminal = Terminal(reason="model_error", error="the query did not start")
         try:
             self.budget_guard.tell(
                 BeginQuery(
@@ -364,15 +361,14 @@ class QueryLoop(TrioActor):
             )
             self._record(message.prompt)
             state = State(messages=list(self.conversation))
-            async with trio.open_nursery() as prefetch:
-                if run.options.memory_prefetch is not None:
+            if run.options.memory_prefetch is None:
+                terminal, state = await self._run_loop(run, state)
+            else:
+                async with trio.open_nursery() as prefetch:
                     prefetch.start_soon(self._prefetch_memory, run, list(state.messages))
-                try:
-                    terminal, state = await self._loop(run, state)
-                except _BudgetExceeded:
-                    terminal = await self._end_early(run, run.turn, "max_budget_usd")
-                # Disposed on every exit path, as the reference's `using` does.
-                prefetch.cancel_scope.cancel()
+                    terminal, state = await self._run_loop(run, state)
+                    # Disposed on every exit path, as the reference's `using` does.
+                    prefetch.cancel_scope.cancel()
             await self._stop_workers()
             await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
             await self._send_outcome(run, terminal, state)
@@ -383,6 +379,12 @@ class QueryLoop(TrioActor):
             if queued is not None:
                 self._submit(queued)
             run.sink.close()  # the last statement: when the consumer sees the end, this work is done
+
+    async def _run_loop(self, run: _Run, state: State) -> tuple[Terminal, State]:
+        try:
+            return await self._loop(run, state)
+        except _BudgetExceeded:
+            return await self._end_early(run, run.turn, "max_budget_usd"), state
 
     async def _loop(self, run: _Run, state: State) -> tuple[Terminal, State]:
         options = run.options
@@ -684,10 +686,18 @@ class QueryLoop(TrioActor):
         kind = type(item)
         if kind is StreamEvent:
             raw = item.event
-            if raw["type"] == "message_start":
-                turn.streamed_usage = usage_from(raw["message"].get("usage") or {}, Usage())
-            elif raw["type"] == "message_delta" and turn.streamed_usage is not None:
-                turn.streamed_usage = usage_from(raw.get("usage") or {}, turn.streamed_usage)
+            kind = raw["type"]
+            if kind == "message_start":
+                turn.streamed_start, turn.streamed_delta = raw["message"].get("usage") or {}, None
+            elif kind == "message_delta" and turn.streamed_start is not None:
+                turn.streamed_delta = raw.get("usage") or {}
+            if run.consumer_open:
+                try:
+                    run.sink.send_nowait(item)  # the common case, without `_emit`'s checks (none applies)
+                except trio.WouldBlock:
+                    pass
+                else:
+                    return
             await self._emit(run, item)
         elif kind is ProgressEvent or kind is SystemMessage:
             await self._emit(run, item)
@@ -827,11 +837,14 @@ class QueryLoop(TrioActor):
         while turn.backlog:
             await self._dispatch(run, turn, turn.backlog.popleft())
         self._close_response(turn)  # cut short: no more blocks will come
-        if not turn.usage_recorded and turn.streamed_usage is not None:
+        if not turn.usage_recorded and turn.streamed_start is not None:
             # A call cut short was billed for what its stream reported: that spend is kept.
             turn.usage_recorded = True
-            run.usage = run.usage + turn.streamed_usage
-            run.unsettled.append(RecordUsage(model=run.model, usage=turn.streamed_usage, query_usage=True))
+            streamed = usage_from(turn.streamed_start, Usage())
+            if turn.streamed_delta is not None:
+                streamed = usage_from(turn.streamed_delta, streamed)
+            run.usage = run.usage + streamed
+            run.unsettled.append(RecordUsage(model=run.model, usage=streamed, query_usage=True))
         if remaining is None and turn.pending:
             remaining = self.executor.ask(RemainingResults(text=text), block=False)
         if remaining is not None:
@@ -891,9 +904,15 @@ class QueryLoop(TrioActor):
         )
         run.ending = True
         if run.consumer_open:
+            settled = Settled(terminal=terminal, transitions=list(run.transitions))
             try:
-                with trio.CancelScope(shield=True):
-                    await run.sink.send(Settled(terminal=terminal, transitions=list(run.transitions)))
+                run.sink.send_nowait(settled)
+            except trio.WouldBlock:
+                try:
+                    with trio.CancelScope(shield=True):
+                        await run.sink.send(settled)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    run.consumer_open = False
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 run.consumer_open = False
         await self._emit(run, result)
@@ -950,18 +969,35 @@ class QueryLoop(TrioActor):
         except Exception:
             self.log.exception("memory prefetch failed")
 
-    @contextmanager
-    def _phase(self, run: _Run) -> Iterator[None]:
+    @staticmethod
+    def _phase(run: _Run) -> _Phase:
         """A cancel scope that an abort cancels; entered already cancelled if the abort came first."""
-        scope = trio.CancelScope()
-        if run.control.abort_reason is not None:
+        return _Phase(run)
+
+
+class _Phase:
+    """`QueryLoop._phase`: the scope of the phase in flight, where `_Run.abort` finds it."""
+
+    __slots__ = ("_run", "_scope")
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+        self._scope = trio.CancelScope()
+
+    def __enter__(self) -> trio.CancelScope:
+        scope = self._scope
+        if self._run.control.abort_reason is not None:
             scope.cancel()
-        run.phase = scope
+        self._run.phase = scope
+        return scope.__enter__()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         try:
-            with scope:
-                yield
+            return self._scope.__exit__(exc_type, exc, tb)
         finally:
-            run.phase = None
+            self._run.phase = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ the real result where the tool had finished, a synthetic error otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import trio
@@ -78,7 +78,8 @@ class _Entry:
     safe: bool
     status: Status = "queued"
     result: ToolResult | None = None
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    scope: trio.CancelScope | None = None
+    """The scope its work runs under, once started (`Discard` and `RemainingResults` cancel it alone)."""
 
     @property
     def id(self) -> str:
@@ -125,7 +126,7 @@ class StreamingToolExecutor(TrioActor):
                 continue
             if self._can_execute(entry.safe):
                 entry.status = "executing"
-                self.start_work(self._execute, entry, self._turn)
+                entry.scope = self.start_work(self._execute, entry, self._turn)
             elif not entry.safe:
                 break  # an unsafe tool keeps its place: nothing behind it starts first
 
@@ -133,7 +134,8 @@ class StreamingToolExecutor(TrioActor):
         for entry in self._entries:
             if entry.status in ("queued", "executing", "completed"):
                 entry.status = "discarded"
-                entry.scope.cancel()
+                if entry.scope is not None:
+                    entry.scope.cancel()
         self._entries = []
 
     def _remaining(self, text: str) -> list[ToolResult]:
@@ -141,7 +143,8 @@ class StreamingToolExecutor(TrioActor):
         for entry in self._entries:
             if entry.status in ("delivered", "discarded"):
                 continue
-            entry.scope.cancel()
+            if entry.scope is not None:
+                entry.scope.cancel()
             result = entry.result or ToolResult(
                 tool_use_id=entry.id, message=tool_result_message(entry.id, text, is_error=True)
             )
@@ -152,15 +155,14 @@ class StreamingToolExecutor(TrioActor):
     # -- running one tool -------------------------------------------------------------------
 
     async def _execute(self, entry: _Entry, turn: BeginTurn) -> None:
-        with entry.scope:
-            result = await self._run(entry, turn)
-            if entry.status != "executing":
-                return  # discarded or answered by RemainingResults meanwhile
-            entry.result, entry.status = result, "completed"
-            self._process_queue()
-            await deliver(turn.sink, result)
-            if entry.status == "completed":
-                entry.status = "delivered"
+        result = await self._run(entry, turn)
+        if entry.status != "executing":
+            return  # discarded or answered by RemainingResults meanwhile
+        entry.result, entry.status = result, "completed"
+        self._process_queue()
+        await deliver(turn.sink, result)
+        if entry.status == "completed":
+            entry.status = "delivered"
 
     async def _run(self, entry: _Entry, turn: BeginTurn) -> ToolResult:
         block = entry.block

@@ -197,15 +197,18 @@ class TrioActor(pykka.Actor):
     def on_abort(self, reason: AbortReason) -> None:
         """Called on `Abort`, before the actor's work is cancelled. Override to record what was cut."""
 
-    def start_work(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, abortable: bool = True) -> None:
+    def start_work(
+        self, async_fn: Callable[..., Awaitable[Any]], *args: Any, abortable: bool = True
+    ) -> trio.CancelScope:
         """Run `async_fn(*args)` as a task of this actor; an error in it crashes the actor.
 
-        An `Abort` cancels abortable work (and waits for it) before it is acked.
-        Work started with `abortable=False` is left to the actor's `on_abort`, for
-        work that must itself finish the job an abort interrupts; stopping the
-        actor (or closing the session) still cancels it.
+        Returns the cancel scope the work runs under, for an actor that cancels one
+        piece of work alone. An `Abort` cancels abortable work (and waits for it)
+        before it is acked. Work started with `abortable=False` is left to the actor's
+        `on_abort`, for work that must itself finish the job an abort interrupts;
+        stopping the actor (or closing the session) still cancels it.
         """
-        self._start_work(async_fn(*args), None, abortable=abortable)  # type: ignore[arg-type]
+        return self._start_work(async_fn(*args), None, abortable=abortable)  # type: ignore[arg-type]
 
     @property
     def busy(self) -> int:
@@ -248,7 +251,7 @@ class TrioActor(pykka.Actor):
 
     def _start_work(
         self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, *, abortable: bool = True
-    ) -> None:
+    ) -> trio.CancelScope:
         if self._state >= _STOPPING:
             coro.close()
             msg = f"{self} is stopping"
@@ -268,6 +271,7 @@ class TrioActor(pykka.Actor):
         supervisor = self.supervisor
         # In the session's context, whatever task's mail started it (a host's, another session's).
         supervisor._context.run(supervisor._nursery.start_soon, self._run_work, coro, reply_to, scope)  # noqa: SLF001
+        return scope
 
     async def _run_work(
         self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, scope: trio.CancelScope

@@ -92,7 +92,8 @@ async def test_a_multi_turn_session_logs_every_conversation_message_in_order(tmp
         lines = records(path)
         assert lines[0] == {"type": "session", "session_id": session.id, "version": 1}
         assert [line["uuid"] for line in lines[1:]] == [m.uuid for m in transcript]
-        assert tool_result_ids(transcript) == ["t1", "t2", "t3"]
+        ids = tool_result_ids(transcript)  # t1 and t2 tie: they finish in the order trio runs them
+        assert sorted(ids[:2]) == ["t1", "t2"] and ids[2:] == ["t3"]
         await session.close()
 
 
