@@ -458,3 +458,18 @@ async def test_work_started_by_work_an_abort_is_unwinding_is_aborted_too(
         assert trio.current_time() == start  # the ack did not wait for the second job's minute
         await trio.sleep(120)
         assert ran == []
+
+
+async def test_an_open_runtime_raises_the_young_gc_threshold_and_the_last_to_close_restores_it() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    assert before[0] < 10_000
+    async with Runtime.open() as _:
+        assert gc.get_threshold() == (10_000, before[1], before[2])
+        async with Runtime.open() as _:
+            assert gc.get_threshold()[0] == 10_000
+        assert gc.get_threshold()[0] == 10_000  # another runtime is still open
+    assert gc.get_threshold() == before
+    async with Runtime.open(tune_gc=False) as _:
+        assert gc.get_threshold() == before
