@@ -29,7 +29,7 @@ import trio
 from actors.tool_executor import AddTool, BeginTurn
 from runtime.actor import TrioActor
 from runtime.events import AssistantMessage, StreamEvent, SystemMessage, Usage, api_error_message
-from runtime.flow import deliver
+from runtime.flow import EventChannel
 from runtime.messages import CarrierMessage
 from runtime.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from runtime.stream import CompletedBlock, ResponseAssembler
@@ -51,7 +51,7 @@ def max_output_tokens_message(max_tokens: int) -> str:
 
 class StartCall(CarrierMessage):
     request: ModelRequest
-    sink: trio.MemorySendChannel[Any]
+    sink: EventChannel[Any]
     turn: BeginTurn
     """What the executor needs to run this call's tools (passed on with each `AddTool`)."""
     max_retries: int
@@ -100,7 +100,8 @@ class ModelCaller(TrioActor):
         """A host-wide cap on concurrent model calls, shared by every session's ModelCaller."""
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
-        self._random = random.Random(seed)
+        self._seed = seed
+        self._random: random.Random | None = None  # seeded on the first retry: most callers never retry
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, StartCall):
@@ -113,6 +114,8 @@ class ModelCaller(TrioActor):
         if error.retry_after is not None:
             return float(error.retry_after)
         backoff: float = min(self.retry_base_s * 2**attempt, self.retry_max_s)
+        if self._random is None:
+            self._random = random.Random(self._seed)
         return backoff * self._random.uniform(0.75, 1.0)
 
     async def _call(self, call: StartCall) -> None:
@@ -133,7 +136,7 @@ class ModelCaller(TrioActor):
                     await self._announce_retry_and_wait(call, error, attempt)
                     continue
                 if error.kind == "overloaded" and call.fallback_available and not progress.emitted:
-                    await deliver(call.sink, CallEnded(fallback=True))
+                    await call.sink.send(CallEnded(fallback=True))
                     return
                 withheld = None
                 if error.kind == "prompt_too_long":
@@ -142,7 +145,7 @@ class ModelCaller(TrioActor):
             except Exception as error:  # noqa: BLE001 - a provider's bug is this call's model error, not a dead session
                 self.log.opt(exception=error).error("model provider raised an unclassified error")
                 ended = CallEnded(error=ModelError("api_error", f"{type(error).__name__}: {error}"))
-            await deliver(call.sink, ended)
+            await call.sink.send(ended)
             return
 
     async def _stream_once(self, call: StartCall, progress: _Progress) -> CallEnded:
@@ -151,7 +154,7 @@ class ModelCaller(TrioActor):
         async with aclosing(self.provider.stream(call.request)) as stream:
             async for raw in stream:
                 progress.emitted = True
-                await deliver(call.sink, StreamEvent(event=raw))
+                await call.sink.send(StreamEvent(event=raw))
                 completed = assembler.feed(raw)
                 if completed is not None:
                     await self._hand_over(completed, assembler, call)
@@ -168,8 +171,7 @@ class ModelCaller(TrioActor):
 
     async def _announce_retry_and_wait(self, call: StartCall, error: ModelError, attempt: int) -> None:
         delay = self.retry_delay(attempt - 1, error)
-        await deliver(
-            call.sink,
+        await call.sink.send(
             SystemMessage(
                 subtype="api_retry",
                 content=f"API error ({error.kind}); retrying in {delay:.1f}s (attempt {attempt}/{call.max_retries})",
@@ -183,6 +185,6 @@ class ModelCaller(TrioActor):
         message = AssistantMessage(
             message_id=assembler.message_id, model=call.request.model, content=[completed.block], usage=assembler.usage
         )
-        await deliver(call.sink, message)
+        await call.sink.send(message)
         if completed.block.get("type") == "tool_use" and self.executor is not None:
             self.executor.tell(AddTool(block=completed.block, turn=call.turn, input_error=completed.input_error))

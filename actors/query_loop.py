@@ -24,7 +24,6 @@ disk at each continue site and when the query ends, before its `result`.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -52,7 +51,7 @@ from actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded, StartC
 from actors.summarizer import Summarize
 from actors.tool_executor import BeginTurn, Discard, RemainingResults, ToolResult
 from runtime.actor import TrioActor, TrioActorRef
-from runtime.context import ContextLimits, pipeline_needed
+from runtime.context import ContextLimits, collapse_may_stage, pipeline_needed
 from runtime.decisions import (
     abort_terminal,
     max_output_tokens_action,
@@ -77,7 +76,7 @@ from runtime.events import (
     UserMessage,
     api_error_message,
 )
-from runtime.flow import drain
+from runtime.flow import EventChannel
 from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
 from runtime.messages import Abort, AbortReason, CarrierMessage, Message
 from runtime.model import ModelError, ModelRequest
@@ -154,7 +153,7 @@ class QueryControl:
 class RunQuery(CarrierMessage):
     prompt: UserMessage
     options: QueryOptions
-    sink: trio.MemorySendChannel[Any]
+    sink: EventChannel[Any]
     control: QueryControl
 
 
@@ -183,9 +182,8 @@ class _BudgetExceeded(Exception):
 class _Turn:
     """One model call and its tools."""
 
-    receive: trio.MemoryReceiveChannel[Any]
-    backlog: deque[Any] = field(default_factory=deque)
-    """Items taken from `receive` in one wakeup and not yet dispatched (kept if dispatching raises)."""
+    channel: EventChannel[Any]
+    """The call's events and its tools' results, in production order."""
     assistant_messages: list[AssistantMessage] = field(default_factory=list)
     tool_results: list[TranscriptMessage] = field(default_factory=list)
     tool_ids: list[str] = field(default_factory=list)
@@ -206,7 +204,7 @@ class _Run:
     """One query's mutable context (the reference's toolUseContext): model, abort, accounting."""
 
     options: QueryOptions
-    sink: trio.MemorySendChannel[Any]
+    sink: EventChannel[Any]
     control: QueryControl
     model: str
     system: list[dict[str, Any]]
@@ -465,7 +463,7 @@ class QueryLoop(TrioActor):
                 self._start_summary(run, turn),
             )
             run.transitions.append("next_turn")
-            if run.options.context_collapse:
+            if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits):
                 self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
 
     async def _begin_iteration(self, run: _Run, state: State) -> None:
@@ -631,15 +629,15 @@ class QueryLoop(TrioActor):
             )
 
     async def _call_once(self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]) -> _Turn:
-        send, receive = trio.open_memory_channel[Any](TURN_BUFFER)
-        turn = _Turn(receive)
+        channel = EventChannel[Any](TURN_BUFFER)
+        turn = _Turn(channel)
         run.turn = turn
         if run.control.abort_reason is not None:
             return turn  # aborted before the request: nothing is started
         await self._emit(run, StreamRequestStart())
         options = run.options
         turn_setting = BeginTurn(
-            sink=send,
+            sink=channel,
             tools=run.tools,
             can_use_tool=options.can_use_tool,
             post_tool_use_hooks=options.post_tool_use_hooks,
@@ -647,20 +645,19 @@ class QueryLoop(TrioActor):
         self.model_caller.tell(
             StartCall(
                 request=self._request(run, state, messages_for_query),
-                sink=send,
+                sink=channel,
                 turn=turn_setting,
                 max_retries=options.max_retries,
                 fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
             )
         )
-        backlog = turn.backlog
+        items = channel.items
         with self._phase(run):
             while not _turn_done(turn):
-                if not backlog:
-                    # One wakeup takes the whole burst that arrived meanwhile.
-                    backlog.append(await receive.receive())
-                    drain(receive, backlog)  # type: ignore[arg-type]
-                await self._dispatch(run, turn, backlog.popleft())
+                if not items:
+                    await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
+                    continue
+                await self._dispatch(run, turn, channel.take())
         return turn
 
     def _request(self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
@@ -833,9 +830,9 @@ class QueryLoop(TrioActor):
 
     async def _collect_remaining(self, run: _Run, turn: _Turn, text: str, remaining: Future[Any] | None = None) -> None:
         """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic."""
-        drain(turn.receive, turn.backlog)  # type: ignore[arg-type]
-        while turn.backlog:
-            await self._dispatch(run, turn, turn.backlog.popleft())
+        channel = turn.channel
+        while channel.items:
+            await self._dispatch(run, turn, channel.take())
         self._close_response(turn)  # cut short: no more blocks will come
         if not turn.usage_recorded and turn.streamed_start is not None:
             # A call cut short was billed for what its stream reported: that spend is kept.

@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError
 
 from runtime.actor import TrioActor
 from runtime.events import AttachmentMessage, Block, ProgressEvent, UserMessage
-from runtime.flow import deliver
+from runtime.flow import EventChannel
 from runtime.hooks import PostToolUseHook, PostToolUseInput
 from runtime.messages import CarrierMessage, Message
 from runtime.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
@@ -35,7 +35,7 @@ class BeginTurn(CarrierMessage):
     """One model call's tool setting: results go to `sink`. It travels with each `AddTool`: a call
     without tools never wakes the executor, and the first tool of a new call discards the old call's."""
 
-    sink: trio.MemorySendChannel[Any]
+    sink: EventChannel[Any]
     tools: dict[str, Tool]
     can_use_tool: CanUseTool | None = None
     post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
@@ -160,7 +160,7 @@ class StreamingToolExecutor(TrioActor):
             return  # discarded or answered by RemainingResults meanwhile
         entry.result, entry.status = result, "completed"
         self._process_queue()
-        await deliver(turn.sink, result)
+        await turn.sink.send(result)
         if entry.status == "completed":
             entry.status = "delivered"
 
@@ -186,7 +186,7 @@ class StreamingToolExecutor(TrioActor):
             return _failed(entry, f"InputValidationError: {error}")
 
         async def report(tool_use_id: str, data: Any) -> None:
-            await deliver(turn.sink, ProgressEvent(tool_use_id=tool_use_id, data=data))
+            await turn.sink.send(ProgressEvent(tool_use_id=tool_use_id, data=data))
 
         output: ToolOutput
         is_error = False

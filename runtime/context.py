@@ -145,6 +145,14 @@ def pipeline_needed(
     return token_count_with_estimation(messages) >= lowest
 
 
+def collapse_may_stage(messages: list[TranscriptMessage], limits: ContextLimits) -> bool:
+    """Whether staging a context collapse could do anything (False: the Compactor need not be told).
+
+    The Compactor stages only above the warning threshold (`token_warning_state`).
+    """
+    return token_count_with_estimation(messages) >= limits.warning_threshold
+
+
 # -- rounds: the unit every step removes or rewrites, so pairing survives --------------------
 
 

@@ -1,33 +1,145 @@
-"""Moving items between tasks without a scheduler trip per item.
+"""`EventChannel`: the bounded, single-consumer channel of the event path.
 
-A trio memory channel's `send` and `receive` are each a full schedule point, even when
-the item could move at once. On the event path (a model stream, tool results, the
-query's events) that is several task switches per token-sized event. These helpers
-move what can move now, and wait (with trio's backpressure and cancellation) only when
-they must, so a burst of events costs one wakeup of the receiver, not one per event.
+A model call's events and its tools' results flow to the QueryLoop through one of
+these, and the query's events to its `QueryHandle` through another: tens of items
+per model call, thousands of sessions at once. A trio memory channel would do, at
+several times the cost per item (measured: `bench loops`), and its `send`/`receive`
+are schedule points even when the item could move at once. Here:
+
+* `send_nowait` appends, or raises `trio.WouldBlock` when the buffer is full;
+  `send` waits for room only then (cancellable, or shielded by the caller), and
+  blocked senders' items enter the buffer in the order they were sent.
+* One consumer: `receive` returns at once while items are buffered and parks only
+  on an empty buffer; `items` is the buffer itself, for a consumer that takes a
+  burst with `take()` without a call per item to wait.
+* `close()` (the producer side's end) lets the consumer drain what is buffered and
+  then raises `trio.EndOfChannel`; `close_receiver()` (the consumer went away)
+  makes every send raise `trio.BrokenResourceError`, waiting ones included.
+
+Everything runs on the trio thread: no locks.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections import deque
+from typing import Generic, TypeVar
 
 import trio
+from outcome import Error
+from trio.lowlevel import Abort, RaiseCancelT, Task, current_task, reschedule, wait_task_rescheduled
 
 T = TypeVar("T")
 
 
-async def deliver(channel: trio.MemorySendChannel[T], item: T) -> None:
-    """Send `item`; wait only if the channel is full."""
-    try:
-        channel.send_nowait(item)
-    except trio.WouldBlock:
-        await channel.send(item)
+class EventChannel(Generic[T]):
+    """A bounded FIFO from any number of producer tasks to one consumer task."""
 
+    __slots__ = ("_closed", "_receiver", "_receiver_gone", "_waiting_senders", "items", "max_buffer")
 
-def drain(channel: trio.MemoryReceiveChannel[Any], into: list[Any]) -> None:
-    """Move every item already buffered in `channel` to `into`, without waiting."""
-    while True:
+    def __init__(self, max_buffer: int) -> None:
+        if max_buffer < 1:
+            msg = f"max_buffer must be at least 1, not {max_buffer}"
+            raise ValueError(msg)
+        self.items: deque[T] = deque()
+        """The buffer, oldest first (the consumer may read and `take()` from it directly)."""
+        self.max_buffer = max_buffer
+        self._receiver: Task | None = None
+        self._waiting_senders: deque[tuple[Task, T]] | None = None
+        self._closed = False
+        self._receiver_gone = False
+
+    # -- the producer side ----------------------------------------------------------
+
+    def send_nowait(self, item: T) -> None:
+        if self._receiver_gone:
+            raise trio.BrokenResourceError
+        if self._closed:
+            raise trio.ClosedResourceError
+        if len(self.items) >= self.max_buffer:
+            raise trio.WouldBlock
+        self.items.append(item)
+        receiver = self._receiver
+        if receiver is not None:
+            self._receiver = None
+            reschedule(receiver)
+
+    async def send(self, item: T) -> None:
+        """Send `item`, waiting for room only if the buffer is full."""
         try:
-            into.append(channel.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
+            self.send_nowait(item)
+        except trio.WouldBlock:
+            pass
+        else:
             return
+        task = current_task()
+        waiting = self._waiting_senders
+        if waiting is None:
+            waiting = self._waiting_senders = deque()
+        entry = (task, item)
+        waiting.append(entry)
+
+        def abort(_: RaiseCancelT) -> Abort:
+            waiting.remove(entry)  # cancelled while waiting: the item is not sent
+            return Abort.SUCCEEDED
+
+        await wait_task_rescheduled(abort)  # raises BrokenResourceError if the consumer went away meanwhile
+
+    def close(self) -> None:
+        """No more items: the consumer gets what is buffered, then `EndOfChannel`."""
+        self._closed = True
+        receiver = self._receiver
+        if receiver is not None:
+            self._receiver = None
+            reschedule(receiver)
+
+    # -- the consumer side ----------------------------------------------------------
+
+    def take(self) -> T:
+        """The oldest buffered item (the buffer must not be empty); a waiting sender moves in."""
+        item = self.items.popleft()
+        waiting = self._waiting_senders
+        if waiting:
+            task, queued = waiting.popleft()
+            self.items.append(queued)
+            reschedule(task)
+        return item
+
+    async def wait(self) -> bool:
+        """Wait until an item is buffered (True) or the channel is closed and empty (False)."""
+        if self.items:
+            return True
+        if self._closed:
+            return False
+        self._receiver = current_task()
+
+        def abort(_: RaiseCancelT) -> Abort:
+            self._receiver = None
+            return Abort.SUCCEEDED
+
+        await wait_task_rescheduled(abort)
+        return bool(self.items)
+
+    async def receive(self) -> T:
+        """The next item; parks only on an empty buffer. `EndOfChannel` once closed and drained."""
+        if not self.items and not await self.wait():
+            raise trio.EndOfChannel
+        return self.take()
+
+    def receive_nowait(self) -> T:
+        if self.items:
+            return self.take()
+        if self._closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
+
+    def close_receiver(self) -> None:
+        """The consumer is gone: every send from now on (and every waiting one) raises `BrokenResourceError`."""
+        self._receiver_gone = True
+        self.items.clear()
+        waiting, self._waiting_senders = self._waiting_senders, None
+        for task, _ in waiting or ():
+            reschedule(task, Error(trio.BrokenResourceError()))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -18,6 +18,7 @@ import trio
 from actors.query_loop import GetConversation, QueryControl, QueryInProgress, Refused, RunQuery, Settled
 from runtime.errors import SessionClosed
 from runtime.events import Block, QueryEvent, ResultMessage, TranscriptMessage, UserMessage
+from runtime.flow import EventChannel
 from runtime.options import QueryOptions
 
 if TYPE_CHECKING:
@@ -32,15 +33,12 @@ if TYPE_CHECKING:
     from runtime.supervisor import Supervisor
 
 
-_END = object()
-
-
 class QueryHandle:
     """Iterate it for the query's events; then read `terminal`, `result`, `transitions`."""
 
-    def __init__(self, session: Session, receive: trio.MemoryReceiveChannel[Any], control: QueryControl) -> None:
+    def __init__(self, session: Session, events: EventChannel[Any], control: QueryControl) -> None:
         self._session = session
-        self._receive = receive
+        self._events = events
         self._control = control
         self.terminal: Terminal | None = None
         self.transitions: list[ContinueReason] = []
@@ -54,30 +52,22 @@ class QueryHandle:
         return self
 
     async def __anext__(self) -> QueryEvent:
+        events = self._events
         while True:
-            try:
-                # What is buffered already is returned at once; the loop waits only on an empty channel.
-                item = self._receive.receive_nowait()
-            except trio.WouldBlock:
-                item = None
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                item = _END
-            if item is None:
-                try:
-                    item = await self._receive.receive()
-                except (trio.EndOfChannel, trio.ClosedResourceError):
-                    item = _END
-            if item is _END:
+            # What is buffered already is returned at once; the loop waits only on an empty channel.
+            if not events.items and not await events.wait():
                 failure = self._session.failure
                 if failure is not None and self.result is None:
                     raise failure from None
                 raise StopAsyncIteration from None
-            if type(item) is Settled:
+            item = events.take()
+            kind = type(item)
+            if kind is Settled:
                 self.terminal, self.transitions = item.terminal, item.transitions
                 continue
-            if type(item) is Refused:
+            if kind is Refused:
                 raise QueryInProgress(item.reason)
-            if type(item) is ResultMessage:
+            if kind is ResultMessage:
                 self.result = item
             event: QueryEvent = item
             return event
@@ -93,7 +83,7 @@ class QueryHandle:
         """Stop listening; a query still running is aborted (reason `user`)."""
         if not self.done and self._control.abort_reason is None:
             await self._session.abort("user")
-        self._receive.close()
+        self._events.close_receiver()
 
     async def __aenter__(self) -> Self:
         return self
@@ -107,14 +97,14 @@ class QueryHandle:
         # Dropped without aclose(): that is the user's abort. A finalizer runs wherever the
         # collector happens to run, even inside trio's scheduler, so nothing is done here: the
         # abort and the closing of the channel are handed to the trio thread to run next.
-        session, control, receive = self._session, self._control, self._receive
+        session, control, events = self._session, self._control, self._events
         if self.done:
             return
 
         def abandoned() -> None:
             if control.abort_reason is None and not control.finished:
                 session.abort_nowait("user")
-            receive.close()
+            events.close_receiver()
 
         try:
             session.supervisor._token.run_sync_soon(abandoned)  # noqa: SLF001
@@ -130,7 +120,7 @@ class Session:
         self.options = options
         self._loop = loop
         self._control: QueryControl | None = None
-        self._current_send: trio.MemorySendChannel[Any] | None = None
+        self._current_events: EventChannel[Any] | None = None
         supervisor.add_crash_listener(self._crashed)
 
     @property
@@ -155,11 +145,11 @@ class Session:
             # message for `interrupt`); the new query runs as soon as the aborted one has ended.
             self.abort_nowait("interrupt")
         options = QueryOptions.model_validate({**dict(self.options), **overrides}) if overrides else self.options
-        send, receive = trio.open_memory_channel[Any](options.event_buffer)
+        events = EventChannel[Any](options.event_buffer)
         control = QueryControl()
-        handle = QueryHandle(self, receive, control)
-        self._control, self._current_send = control, send
-        self._loop.tell(RunQuery(prompt=UserMessage(content=prompt), options=options, sink=send, control=control))
+        handle = QueryHandle(self, events, control)
+        self._control, self._current_events = control, events
+        self._loop.tell(RunQuery(prompt=UserMessage(content=prompt), options=options, sink=events, control=control))
         return handle
 
     async def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
@@ -194,9 +184,9 @@ class Session:
             await self.abort("shutdown")
             await control.ended.wait()  # the aborted query ends properly before its actors stop
         await self.supervisor.close()
-        if self._current_send is not None:
-            self._current_send.close()
+        if self._current_events is not None:
+            self._current_events.close()
 
     def _crashed(self, failure: ActorCrashed) -> None:
-        if self._current_send is not None:
-            self._current_send.close()  # the handle ends and raises the failure
+        if self._current_events is not None:
+            self._current_events.close()  # the handle ends and raises the failure

@@ -18,6 +18,7 @@ from runtime.context import (
     ContextLimits,
     StagedCollapse,
     apply_tool_result_budget,
+    collapse_may_stage,
     commit_collapses,
     estimate_tokens,
     fit_for_summary,
@@ -174,6 +175,17 @@ def test_token_warning_state_flags_switch_on_exactly_at_each_threshold() -> None
     assert (autocompact.above_autocompact, autocompact.at_blocking_limit) == (True, False)
     assert token_warning_state(188_999, limits).at_blocking_limit is False
     assert token_warning_state(189_000, limits).at_blocking_limit is True
+
+
+def test_collapse_staging_is_skipped_below_the_warning_threshold_and_asked_from_it() -> None:
+    limits = ContextLimits(context_window=2_000, max_output_tokens=100, autocompact_buffer=0, warning_buffer=0)
+    threshold = limits.warning_threshold
+    below: list[TranscriptMessage] = [UserMessage(content="a" * 4 * (threshold - 5))]  # threshold - 5 + 4 tokens
+    at: list[TranscriptMessage] = [UserMessage(content="a" * 4 * (threshold - 4))]
+    assert token_count_with_estimation(below) == threshold - 1
+    assert collapse_may_stage(below, limits) is False
+    assert collapse_may_stage(at, limits) is True
+    assert collapse_may_stage(at, limits) == token_warning_state(threshold, limits).above_warning
 
 
 def test_token_warning_state_percent_left_counts_down_to_the_autocompact_threshold() -> None:

@@ -1,0 +1,122 @@
+"""`EventChannel`: the bounded single-consumer channel of the event path."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from runtime.flow import EventChannel
+
+
+async def test_items_arrive_in_order_and_a_receiver_parks_only_on_an_empty_buffer() -> None:
+    channel = EventChannel[int](4)
+    received: list[int] = []
+
+    async def consumer() -> None:
+        while True:
+            try:
+                received.append(await channel.receive())
+            except trio.EndOfChannel:
+                return
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consumer)
+        await trio.testing.wait_all_tasks_blocked()
+        for i in range(3):
+            channel.send_nowait(i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert received == [0, 1, 2]
+        channel.send_nowait(3)
+        channel.close()  # what is buffered is still delivered, then EndOfChannel
+    assert received == [0, 1, 2, 3]
+    with pytest.raises(trio.ClosedResourceError):
+        channel.send_nowait(4)
+
+
+async def test_a_full_buffer_makes_senders_wait_and_their_items_enter_in_send_order() -> None:
+    channel = EventChannel[str](2)
+    channel.send_nowait("a")
+    channel.send_nowait("b")
+    with pytest.raises(trio.WouldBlock):
+        channel.send_nowait("c")
+    async with trio.open_nursery() as nursery:
+        for item in ("c", "d", "e"):
+            nursery.start_soon(channel.send, item)
+            await trio.testing.wait_all_tasks_blocked()  # each waits, in this order
+        taken: list[str] = []
+        while len(taken) < 5:
+            if not channel.items:
+                await channel.wait()
+            taken.append(channel.take())
+            assert len(channel.items) <= 2
+    assert taken == ["a", "b", "c", "d", "e"]
+
+
+async def test_a_cancelled_waiting_send_drops_its_item_and_the_others_keep_their_place() -> None:
+    channel = EventChannel[str](1)
+    channel.send_nowait("a")
+    doomed = trio.CancelScope()
+
+    async def cancelled_send() -> None:
+        with doomed:
+            await channel.send("dropped")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.send, "kept")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(cancelled_send)
+        await trio.testing.wait_all_tasks_blocked()
+        doomed.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [channel.take(), await channel.receive()] == ["a", "kept"]
+    assert not channel.items
+
+
+async def test_a_consumer_that_goes_away_breaks_every_send_waiting_ones_included() -> None:
+    channel = EventChannel[int](1)
+    channel.send_nowait(1)
+    failures: list[type[BaseException]] = []
+
+    async def blocked_send() -> None:
+        try:
+            await channel.send(2)
+        except trio.BrokenResourceError as error:
+            failures.append(type(error))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(blocked_send)
+        await trio.testing.wait_all_tasks_blocked()
+        channel.close_receiver()
+    assert failures == [trio.BrokenResourceError]
+    assert not channel.items  # what was buffered is dropped, as trio's channels do
+    with pytest.raises(trio.BrokenResourceError):
+        channel.send_nowait(3)
+
+
+async def test_a_waiting_receiver_is_cancellable_and_wakes_at_close() -> None:
+    channel = EventChannel[int](1)
+    with trio.move_on_after(1) as scope:
+        await channel.receive()
+    assert scope.cancelled_caught
+    channel.send_nowait(7)  # the cancelled receiver is forgotten: nothing to wake
+    assert channel.receive_nowait() == 7
+    with pytest.raises(trio.WouldBlock):
+        channel.receive_nowait()
+    async with trio.open_nursery() as nursery:
+        ended: list[bool] = []
+
+        async def wait_for_end() -> None:
+            ended.append(await channel.wait())
+
+        nursery.start_soon(wait_for_end)
+        await trio.testing.wait_all_tasks_blocked()
+        channel.close()
+    assert ended == [False]
+    with pytest.raises(trio.EndOfChannel):
+        channel.receive_nowait()
+
+
+def test_a_channel_needs_room_for_one_item() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        EventChannel[int](0)
