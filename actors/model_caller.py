@@ -152,9 +152,14 @@ class ModelCaller(TrioActor):
         """One request: forward its events, hand over its blocks; the end, or the provider's error."""
         assembler = ResponseAssembler()
         async with aclosing(self.provider.stream(call.request)) as stream:
+            sink = call.sink
             async for raw in stream:
                 progress.emitted = True
-                await call.sink.send(StreamEvent(event=raw))
+                event = StreamEvent(event=raw)
+                try:
+                    sink.send_nowait(event)  # without a coroutine per event while there is room
+                except trio.WouldBlock:
+                    await sink.send(event)
                 completed = assembler.feed(raw)
                 if completed is not None:
                     await self._hand_over(completed, assembler, call)

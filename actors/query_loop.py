@@ -652,12 +652,20 @@ class QueryLoop(TrioActor):
             )
         )
         items = channel.items
+        sink = run.sink
         with self._phase(run):
             while not _turn_done(turn):
                 if not items:
                     await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
                     continue
-                await self._dispatch(run, turn, channel.take())
+                item = channel.take()
+                # Most items are stream events on their way to an open consumer with room: forwarded here,
+                # without a coroutine per item (`_dispatch` does the same, and everything else).
+                if type(item) is StreamEvent and run.consumer_open and len(sink.items) < sink.max_buffer:
+                    _note_streamed_usage(turn, item.event)
+                    sink.send_nowait(item)
+                    continue
+                await self._dispatch(run, turn, item)
         return turn
 
     def _request(self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
@@ -682,19 +690,7 @@ class QueryLoop(TrioActor):
     async def _dispatch(self, run: _Run, turn: _Turn, item: Any) -> None:
         kind = type(item)
         if kind is StreamEvent:
-            raw = item.event
-            kind = raw["type"]
-            if kind == "message_start":
-                turn.streamed_start, turn.streamed_delta = raw["message"].get("usage") or {}, None
-            elif kind == "message_delta" and turn.streamed_start is not None:
-                turn.streamed_delta = raw.get("usage") or {}
-            if run.consumer_open:
-                try:
-                    run.sink.send_nowait(item)  # the common case, without `_emit`'s checks (none applies)
-                except trio.WouldBlock:
-                    pass
-                else:
-                    return
+            _note_streamed_usage(turn, item.event)
             await self._emit(run, item)
         elif kind is ProgressEvent or kind is SystemMessage:
             await self._emit(run, item)
@@ -1010,6 +1006,15 @@ def _task_budget(run: _Run) -> dict[str, int] | None:
     if run.task_budget_remaining is None:
         return {"total": total}
     return {"total": total, "remaining": run.task_budget_remaining}
+
+
+def _note_streamed_usage(turn: _Turn, raw: dict[str, Any]) -> None:
+    """Keep what the stream reported of its usage (raw), for a call cut short before it ends."""
+    kind = raw["type"]
+    if kind == "message_start":
+        turn.streamed_start, turn.streamed_delta = raw["message"].get("usage") or {}, None
+    elif kind == "message_delta" and turn.streamed_start is not None:
+        turn.streamed_delta = raw.get("usage") or {}
 
 
 def _turn_done(turn: _Turn) -> bool:
