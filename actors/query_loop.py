@@ -135,19 +135,30 @@ class QueryControl:
     """Shared by a query's handle and the loop, on the trio thread: the abort request.
 
     The session sets `abort_reason` before broadcasting `Abort`, so an abort that
-    overtakes the `RunQuery` in the mailbox still reaches the query.
+    overtakes the `RunQuery` in the mailbox still reaches the query. Once the loop has
+    decided how the query ends (`decided`), an abort changes nothing and is not recorded:
+    the query ends as decided, like the reference's, whose last abort check has passed.
     """
 
-    __slots__ = ("abort_reason", "ended")
+    __slots__ = ("abort_reason", "decided", "ended")
 
     def __init__(self) -> None:
         self.abort_reason: AbortReason | None = None
+        self.decided = False
+        """Set when the loop has its terminal: what is left is stopping helpers and sending the result."""
         self.ended = trio.Event()
         """Set once the query's work is over (its result sent, or the session closed under it)."""
 
     @property
     def finished(self) -> bool:
         return self.ended.is_set()
+
+    def request_abort(self, reason: AbortReason) -> bool:
+        """Record the first abort reason while it can still change the ending; True if recorded now."""
+        if self.abort_reason is not None or self.decided or self.finished:
+            return False
+        self.abort_reason = reason
+        return True
 
 
 class RunQuery(CarrierMessage):
@@ -234,8 +245,7 @@ class _Run:
     memory_used: bool = False
 
     def abort(self, reason: AbortReason) -> None:
-        if self.control.abort_reason is None:
-            self.control.abort_reason = reason
+        self.control.request_abort(reason)
         if self.phase is not None:
             self.phase.cancel()
 
@@ -281,8 +291,8 @@ class QueryLoop(TrioActor):
         if self._run is None:
             self._run = self._new_run(message)
             self.start_work(self._query, message, abortable=False)
-        elif self._run.control.abort_reason is not None and self._queued is None:
-            self._queued = message  # it starts as soon as the aborted query has ended
+        elif (self._run.control.abort_reason is not None or self._run.control.decided) and self._queued is None:
+            self._queued = message  # it starts as soon as the ending query has ended
         else:
             message.sink.send_nowait(Refused(reason="a query is already running in this session"))
             message.sink.close()
@@ -367,6 +377,7 @@ class QueryLoop(TrioActor):
                     terminal, state = await self._run_loop(run, state)
                     # Disposed on every exit path, as the reference's `using` does.
                     prefetch.cancel_scope.cancel()
+            run.control.decided = True
             await self._stop_workers()
             await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
             await self._send_outcome(run, terminal, state)

@@ -1,9 +1,9 @@
 """Abort under load: C loops of workload W, each aborted at a uniform random moment of its life.
 
 The same seeded moments are used for the baseline. Latency is measured from the abort call to
-the loop's `result` event. `violations` counts loops aborted before their end whose terminal is
-not an aborted one or whose transcript is invalid; `leftover_tasks` counts session tasks still
-running once every stream has ended.
+the loop's `result` event. `violations` counts loops the abort reached (before they had decided
+how they end) whose terminal is not an aborted one, and loops whose transcript is invalid;
+`leftover_tasks` counts session tasks still running once every stream has ended.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import trio
 from bench import workload
 from bench.baseline import BaselineAbort, baseline_loop
 from bench.loops import percentile
+from bench.report import check_plot_target, plot_cdf, progress
 from runtime import Runtime
 from runtime.events import ResultMessage
 from runtime.options import QueryOptions
@@ -31,11 +32,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-ms", type=float, default=50.0)
     parser.add_argument("--tool-ms", type=float, default=50.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds pooled into the percentiles, each with its own seeded moments (default: enough for 2,000 aborts)",
+    )
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the abort-latency CDF of both")
 
 
-def moments(args: argparse.Namespace) -> list[float]:
+def moments(args: argparse.Namespace, seed: int) -> list[float]:
     life = (3 * args.model_ms + 2 * args.tool_ms) / 1000
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     return [rng.uniform(0, life) for _ in range(args.concurrency)]
 
 
@@ -68,7 +76,9 @@ async def runtime_run(args: argparse.Namespace, at: list[float]) -> dict[str, An
             if asked and asked[0] <= ended:
                 latencies.append(ended - asked[0])
                 terminal = handle.terminal.reason if handle.terminal else None
-                if terminal not in ("aborted_streaming", "aborted_tools"):
+                # An abort that lands after the loop has decided its ending (its last check passed, its
+                # result on the way) does not change it, as in the reference: `abort_reason` stays None.
+                if handle.abort_reason is not None and terminal not in ("aborted_streaming", "aborted_tools"):
                     violations += 1
             if transcript_problems(await session.transcript()):
                 violations += 1
@@ -113,17 +123,34 @@ async def baseline_run(args: argparse.Namespace, at: list[float]) -> list[float]
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    at = moments(args)
-    base = await baseline_run(args, at)
-    ours = await runtime_run(args, at)
-    lat = ours["latencies"]
+    # One round of C loops gives C samples: at C=50 its "p99" would be its maximum. Rounds are
+    # pooled (the same seeded moments for both sides in each round, the two sides alternating).
+    target = check_plot_target(args.plot)
+    rounds = args.rounds or max(1, -(-2000 // args.concurrency))
+    base: list[float] = []
+    lat: list[float] = []
+    violations = leftover = 0
+    with progress(rounds, "abort rounds") as advance:
+        for index in range(rounds):
+            at = moments(args, args.seed + index)
+            base += await baseline_run(args, at)
+            ours = await runtime_run(args, at)
+            lat += ours["latencies"]
+            violations += ours["violations"]
+            leftover += ours["leftover"]
+            advance()
     p50, p99 = percentile(lat, 0.5) * 1e3, percentile(lat, 0.99) * 1e3
     b50, b99 = percentile(base, 0.5) * 1e3, percentile(base, 0.99) * 1e3
     ratio = p99 / b99 if b99 else float("inf")
-    print(f"abort under load: {args.concurrency} loops, model {args.model_ms} ms, tools {args.tool_ms} ms")
+    load = f"{args.concurrency} loops, model {args.model_ms} ms, tools {args.tool_ms} ms"
+    print(f"abort under load: {load}, {rounds} rounds")
     print(f"  baseline : abort p50 {b50:7.2f} ms  p99 {b99:7.2f} ms  ({len(base)} aborted before their end)")
     print(f"  runtime  : abort p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  ({len(lat)} aborted before their end)")
-    print(f"  abort_p99_ratio {ratio:.2f}; violations {ours['violations']}; leftover tasks {ours['leftover']}")
+    print(f"  abort_p99_ratio {ratio:.2f}; violations {violations}; leftover tasks {leftover}")
+    if target is not None:
+        title = f"abort latency, {args.concurrency} loops, model {args.model_ms} ms, tools {args.tool_ms} ms"
+        plot_cdf(target, {"queryloop runtime": lat, "baseline (plain trio loop)": base}, title)
+        print(f"  plot: {target}")
     return {
         "benchmark": "abort",
         "concurrency": args.concurrency,
@@ -135,8 +162,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "baseline_abort_p99_ms": round(b99, 3),
         "abort_p99_ratio": round(ratio, 3),
         "aborted_before_end": len(lat),
-        "violations": ours["violations"],
-        "leftover_tasks": ours["leftover"],
+        "baseline_aborted_before_end": len(base),
+        "rounds": rounds,
+        "violations": violations,
+        "leftover_tasks": leftover,
     }
 
 

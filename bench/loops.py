@@ -3,6 +3,8 @@
 A runtime loop is what a host does for one independent agent run: open a session (six actors),
 run the query to its result, close the session. `throughput_ratio` = runtime loops/s over
 baseline loops/s, best round of each, rounds alternating so that both see the same machine.
+`--concurrency` takes a list (`10,100,1000`) for a throughput curve; the JSON's top-level
+figures are then those of the largest level, and `--plot FILE.png` draws the curve.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import trio
 
 from bench import workload
 from bench.baseline import BaselineAbort, baseline_loop
+from bench.report import check_plot_target, plot_throughput, progress
 from runtime import Runtime
 from runtime.options import QueryOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--concurrency", default="1000", help="loops at once; a list (10,100,1000) for a curve")
     parser.add_argument("--model-ms", type=float, default=0.0)
     parser.add_argument("--tool-ms", type=float, default=0.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--plot", metavar="FILE.png", help="draw loops/s against concurrency")
 
 
 async def runtime_round(concurrency: int, model_ms: float, tool_ms: float) -> tuple[float, list[float]]:
@@ -75,8 +79,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    c, model_ms, tool_ms = args.concurrency, args.model_ms, args.tool_ms
+async def measure_level(c: int, args: argparse.Namespace, advance: Any) -> dict[str, Any]:
+    model_ms, tool_ms = args.model_ms, args.tool_ms
     ours: list[tuple[float, list[float]]] = []
     base: list[tuple[float, list[float]]] = []
     for _ in range(args.rounds):
@@ -84,6 +88,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         base.append(await baseline_round(c, model_ms, tool_ms))
         gc.collect()
         ours.append(await runtime_round(c, model_ms, tool_ms))
+        advance()
     best_ours = min(ours, key=lambda r: r[0])
     best_base = min(base, key=lambda r: r[0])
     ours_rate, base_rate = c / best_ours[0], c / best_base[0]
@@ -93,10 +98,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     print(f"  runtime  : {ours_rate:8.0f} loops/s  p50 {percentile(best_ours[1], 0.5) * 1e3:7.1f} ms")
     print(f"  throughput_ratio (runtime / baseline): {ratio:.2f}")
     return {
-        "benchmark": "loops",
         "concurrency": c,
-        "model_ms": model_ms,
-        "tool_ms": tool_ms,
         "loops_per_s": round(ours_rate, 1),
         "baseline_loops_per_s": round(base_rate, 1),
         "throughput_ratio": round(ratio, 3),
@@ -108,6 +110,20 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "baseline_rounds": [round(r[0], 3) for r in base],
         "median_round_ratio": round(statistics.median(b[0] for b in base) / statistics.median(o[0] for o in ours), 3),
     }
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    target = check_plot_target(args.plot)
+    levels = sorted(int(c) for c in str(args.concurrency).split(","))
+    with progress(len(levels) * args.rounds, "loops") as advance:
+        points = [await measure_level(c, args, advance) for c in levels]
+    if target is not None:
+        plot_throughput(target, points, f"workload W, model {args.model_ms} ms, tools {args.tool_ms} ms")
+        print(f"  plot: {target}")
+    result = {"benchmark": "loops", "model_ms": args.model_ms, "tool_ms": args.tool_ms, **points[-1]}
+    if len(points) > 1:
+        result["points"] = points
+    return result
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

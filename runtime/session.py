@@ -48,6 +48,11 @@ class QueryHandle:
     def done(self) -> bool:
         return self.result is not None
 
+    @property
+    def abort_reason(self) -> AbortReason | None:
+        """Why this query was aborted; None if no abort reached it before it had decided how it ends."""
+        return self._control.abort_reason
+
     def __aiter__(self) -> Self:
         return self
 
@@ -140,7 +145,7 @@ class Session:
             msg = f"session {self.id} is closed"
             raise SessionClosed(msg)
         running = self._control
-        if running is not None and not running.finished and running.abort_reason is None:
+        if running is not None and not running.finished and not running.decided and running.abort_reason is None:
             # A message submitted while a query runs interrupts it (seed 000: no interruption
             # message for `interrupt`); the new query runs as soon as the aborted one has ended.
             self.abort_nowait("interrupt")
@@ -164,9 +169,8 @@ class Session:
 
     def _mark_aborted(self, reason: AbortReason) -> None:
         # Before the broadcast: an Abort that overtakes the RunQuery still reaches the query.
-        control = self._control
-        if control is not None and not control.finished and control.abort_reason is None:
-            control.abort_reason = reason
+        if self._control is not None:
+            self._control.request_abort(reason)
 
     async def transcript(self) -> list[TranscriptMessage]:
         """The conversation so far: every transcript message emitted, tombstoned ones removed."""

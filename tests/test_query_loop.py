@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from actors.query_loop import QueryInProgress
+from actors.query_loop import QueryControl, QueryInProgress
 from runtime import Runtime
 from runtime.events import (
     AssistantMessage,
@@ -329,6 +329,7 @@ async def test_aborted_streaming_answers_open_tool_uses_and_emits_the_interrupti
         ran = await consume(session, handle, model)
         ran.events = events
         assert ran.reason == "aborted_streaming"
+        assert handle.abort_reason == "user"
         assert ran.tool_results()["t1"] == {
             "type": "tool_result",
             "tool_use_id": "t1",
@@ -464,10 +465,34 @@ async def test_abort_after_end_changes_nothing_and_the_session_stays_usable() ->
         await session.abort("user")
         await session.abort("user")  # idempotent
         assert ran.reason == "completed"
+        assert ran.handle.abort_reason is None  # it came too late to be this query's
         again = await consume(session, session.query("second"), model)
         assert again.reason == "completed" and again.handle.result is not None
         assert again.handle.result.result == "two"
         await assert_settled(again)
+
+
+def test_an_abort_after_the_loop_decided_its_ending_is_not_recorded() -> None:
+    control = QueryControl()
+    control.decided = True  # the terminal is known; helpers are stopping, the result is on its way
+    assert control.request_abort("user") is False
+    assert control.abort_reason is None
+    early = QueryControl()
+    assert early.request_abort("interrupt") is True
+    assert early.request_abort("user") is False  # the first reason stays
+    assert early.abort_reason == "interrupt"
+
+
+async def test_an_abort_landing_while_the_result_waits_in_the_buffer_changes_nothing() -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([text_reply("done")])
+        session = await open_session(runtime, model)
+        handle = session.query("go")
+        await trio.testing.wait_all_tasks_blocked()  # the query ran to its end into the buffer, unread
+        await session.abort("user")
+        ran = await consume(session, handle, model)
+        assert ran.reason == "completed" and handle.abort_reason is None
+        await assert_settled(ran)
 
 
 async def test_model_error_answers_tool_uses_already_streamed() -> None:

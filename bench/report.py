@@ -1,0 +1,107 @@
+"""What the benchmarks show besides their JSON line: a progress bar and `--plot` figures.
+
+The progress bar goes to stderr, only on a terminal, and only advances between rounds:
+nothing of it runs inside a measured round. Plots need matplotlib (`pip install
+'queryloop[bench]'`); without it `--plot` fails before anything is measured.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+@contextmanager
+def progress(total: int, description: str) -> Iterator[Any]:
+    """A bar of `total` steps on stderr; yields `advance()`. Silent when stderr is not a terminal."""
+    console = Console(stderr=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    with bar:
+        task = bar.add_task(description, total=total)
+        yield lambda: bar.advance(task)
+
+
+def check_plot_target(path: str | None) -> Path | None:
+    """Fail early (before minutes of measuring) if a plot was asked for and cannot be drawn."""
+    if path is None:
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        sys.exit("--plot needs matplotlib: pip install 'queryloop[bench]'")
+    target = Path(path)
+    if target.suffix.lower() != ".png":
+        sys.exit(f"--plot writes a PNG file: {path!r} does not end in .png")
+    return target
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_throughput(target: Path, points: Sequence[dict[str, Any]], title: str) -> None:
+    """Loops per second against concurrency, runtime and baseline."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    levels = [p["concurrency"] for p in points]
+    axes.plot(levels, [p["loops_per_s"] for p in points], marker="o", label="queryloop runtime")
+    axes.plot(levels, [p["baseline_loops_per_s"] for p in points], marker="s", label="baseline (plain trio loop)")
+    for p in points:
+        axes.annotate(
+            f"{p['throughput_ratio']:.2f}",
+            (p["concurrency"], p["loops_per_s"]),
+            textcoords="offset points",
+            xytext=(0, -14),
+            ha="center",
+            fontsize=8,
+        )
+    axes.set_xscale("log")
+    axes.set_xlabel("loops at once (concurrency)")
+    axes.set_ylabel("loops per second")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(target, dpi=120)
+    plt.close(figure)
+
+
+def plot_cdf(target: Path, series: dict[str, Sequence[float]], title: str) -> None:
+    """The cumulative distribution of each series of latencies (seconds, drawn in milliseconds)."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, values in series.items():
+        ordered = sorted(v * 1e3 for v in values)
+        if not ordered:
+            continue
+        fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+        axes.step(ordered, fractions, where="post", label=f"{label} (n={len(ordered)})")
+    axes.set_xscale("log")
+    axes.set_xlabel("abort call → result event (ms)")
+    axes.set_ylabel("fraction of aborts")
+    axes.axhline(0.99, color="grey", linewidth=0.8, linestyle=":")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(target, dpi=120)
+    plt.close(figure)
