@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 from contextlib import asynccontextmanager
@@ -21,12 +22,42 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
     from actors.budget_guard import BudgetGuard
+    from actors.compactor import Compactor
+    from actors.model_caller import ModelCaller
+    from actors.query_loop import QueryLoop
+    from actors.summarizer import HaikuSummarizer
+    from actors.tool_executor import StreamingToolExecutor
     from runtime.options import QueryOptions
     from runtime.session import Session
 
 
 SHUTDOWN_GRACE_S = 5.0
 """How long leaving `Runtime.open()` waits for its sessions' queries to end before cutting them."""
+
+
+@functools.cache
+def _session_classes() -> tuple[
+    type[BudgetGuard],
+    type[StreamingToolExecutor],
+    type[ModelCaller],
+    type[Compactor],
+    type[HaikuSummarizer],
+    type[QueryLoop],
+    type[Session],
+    type[QueryOptions],
+]:
+    """The actors and the session, imported on first use (they import this package) and then kept:
+    an import statement in `open_session` would cost the import machinery on every session."""
+    from actors.budget_guard import BudgetGuard
+    from actors.compactor import Compactor
+    from actors.model_caller import ModelCaller
+    from actors.query_loop import QueryLoop
+    from actors.summarizer import HaikuSummarizer
+    from actors.tool_executor import StreamingToolExecutor
+    from runtime.options import QueryOptions
+    from runtime.session import Session
+
+    return BudgetGuard, StreamingToolExecutor, ModelCaller, Compactor, HaikuSummarizer, QueryLoop, Session, QueryOptions
 
 
 class Runtime:
@@ -108,15 +139,16 @@ class Runtime:
         `resume`: restore the conversation of that file (repaired if a crash cut it) and its
         session id, and go on appending to it unless `transcript` names another file.
         """
-        from actors.budget_guard import BudgetGuard
-        from actors.compactor import Compactor
-        from actors.model_caller import ModelCaller
-        from actors.query_loop import QueryLoop
-        from actors.summarizer import HaikuSummarizer
-        from actors.tool_executor import StreamingToolExecutor
-        from runtime.options import QueryOptions
-        from runtime.session import Session
-
+        (
+            BudgetGuard,
+            StreamingToolExecutor,
+            ModelCaller,
+            Compactor,
+            HaikuSummarizer,
+            QueryLoop,
+            Session,
+            QueryOptions,
+        ) = _session_classes()
         options = options or QueryOptions(**fields)
         if options.provider is None:
             msg = "QueryOptions.provider is required: a ScriptedModel offline, an AnthropicModel for the API"
