@@ -35,7 +35,6 @@ from actors.budget_guard import (
     CheckTokenBudget,
     RecordUsage,
     SettleQuery,
-    cost_usd,
 )
 from actors.compactor import (
     Compact,
@@ -81,7 +80,7 @@ from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
 from runtime.messages import Abort, AbortReason, CarrierMessage, Message
 from runtime.model import ModelError, ModelRequest
 from runtime.options import DEFAULT_SYSTEM_PROMPT, QueryOptions
-from runtime.pricing import context_window_for, pricing_for
+from runtime.pricing import context_window_for
 from runtime.state import (
     MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
     ContinueReason,
@@ -228,8 +227,6 @@ class _Run:
     unsettled: list[RecordUsage] = field(default_factory=list)
     """Calls of an uncapped query, reported to the BudgetGuard in one message at the end."""
     cost_usd: float = 0.0
-    side_calls: bool = False
-    """The runtime made calls of its own in this query (summary, compaction): their cost is the guard's."""
     last_stop_reason: str | None = None
     last_text: str = ""
     last_message_id: str = ""
@@ -531,7 +528,6 @@ class QueryLoop(TrioActor):
             for b in m.content
             if b.get("type") == "tool_result"
         ]
-        run.side_calls = True
         future = self.summarizer.ask(
             Summarize(model=run.options.small_model, tool_uses=uses, results=results), block=False
         )
@@ -549,7 +545,6 @@ class QueryLoop(TrioActor):
                 messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False
             )
         prepared: Prepared | None = None
-        run.side_calls = True  # the Compactor may call its model (autocompact)
         with self._phase(run):
             try:
                 prepared = await self.compactor.ask(Prepare(messages=messages, config=run.context), block=False)
@@ -573,7 +568,6 @@ class QueryLoop(TrioActor):
         """Seed 000's cascade: collapse drain (never twice in a row), then one reactive compact."""
         options = run.options
         transition = state.transition
-        run.side_calls = True  # a reactive compaction calls the Compactor's model
         if options.context_collapse and (transition is None or transition.reason != "collapse_drain_retry"):
             drained: Drained = await self.compactor.ask(DrainCollapses(messages=messages_for_query), block=False)
             if drained.committed > 0:
@@ -882,19 +876,10 @@ class QueryLoop(TrioActor):
             errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
         elif terminal.error:
             errors.append(terminal.error)
-        settle = SettleQuery(calls=run.unsettled)
-        if run.side_calls:
-            # Summaries or compactions reported their cost to the BudgetGuard: it holds the total.
-            totals: BudgetStatus = await self.budget_guard.ask(settle, block=False)
-            run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
-        else:
-            # Only main calls: priced here with the guard's own function, no round-trip to it.
-            self.budget_guard.tell(settle)
-            override = run.options.pricing
-            run.cost_usd += sum(
-                cost_usd(call.usage, pricing_for(call.model, override if call.model == run.options.model else None))
-                for call in run.unsettled
-            )
+        # The BudgetGuard holds the query's totals (summaries and compactions report their cost to it);
+        # its answer comes back without a task switch: its handler runs as soon as it is asked.
+        totals: BudgetStatus = await self.budget_guard.ask(SettleQuery(calls=run.unsettled), block=False)
+        run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
         result = ResultMessage(
             subtype=result_subtype(reason),
             is_error=result_is_error(reason, run.api_error_surfaced),

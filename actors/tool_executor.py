@@ -201,6 +201,8 @@ class StreamingToolExecutor(TrioActor):
                     output, is_error = tool_error(f"Error: {name} timed out after {tool.timeout_s:g}s"), True
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
             output, is_error = tool_error(f"Error: {error}"), True
+        if not turn.post_tool_use_hooks:
+            return ToolResult(tool_use_id=entry.id, message=tool_result_message(entry.id, output, is_error=is_error))
         attachments, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
         return ToolResult(
             tool_use_id=entry.id,

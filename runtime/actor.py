@@ -243,7 +243,13 @@ class TrioActor(pykka.Actor):
         finally:
             dispatcher.current = None
         if type(response) is CoroutineType:
-            self._start_work(response, reply_to)
+            try:
+                self._start_work(response, reply_to)
+            except ActorDeadError as error:
+                if reply_to is None:
+                    self._crash(error)
+                else:
+                    reply_to.fail(error)
         elif reply_to is not None:
             reply_to.set(response)
 
@@ -269,8 +275,17 @@ class TrioActor(pykka.Actor):
             if self._state == _ABORTING:
                 scope.cancel()  # started by work the abort is unwinding: it belongs to the abort
         supervisor = self.supervisor
-        # In the session's context, whatever task's mail started it (a host's, another session's).
-        supervisor._context.run(supervisor._nursery.start_soon, self._run_work, coro, reply_to, scope)  # noqa: SLF001
+        try:
+            # In the session's context, whatever task's mail started it (a host's, another session's).
+            supervisor._context.run(supervisor._nursery.start_soon, self._run_work, coro, reply_to, scope)  # noqa: SLF001
+        except RuntimeError as error:  # the runtime's nursery has closed under this actor
+            coro.close()
+            self._live_work -= 1
+            del work[scope]
+            if abortable:
+                self._abortable_work -= 1
+            msg = f"{self} cannot start work: its runtime has closed"
+            raise ActorDeadError(msg) from error
         return scope
 
     async def _run_work(

@@ -20,6 +20,7 @@ from runtime import (
     NotInSession,
     Runtime,
     SessionClosed,
+    Supervisor,
     TrioActor,
     TrioFuture,
     WorkCancelled,
@@ -473,3 +474,12 @@ async def test_an_open_runtime_raises_the_young_gc_threshold_and_the_last_to_clo
     assert gc.get_threshold() == before
     async with Runtime.open(tune_gc=False) as _:
         assert gc.get_threshold() == before
+
+
+async def test_work_asked_for_after_the_groups_nursery_closed_fails_the_ask_clearly() -> None:
+    async with trio.open_nursery() as nursery:
+        group = Supervisor("outlived", nursery)
+        ref = group.spawn(Recorder)
+    with pytest.raises(pykka.ActorDeadError, match="runtime has closed"):
+        await ref.proxy().slow_double(1, 1)
+    assert await ref.ask("still answering", block=False) == ("echo", "still answering")
