@@ -10,7 +10,7 @@ pykka's contract: `tell`, `ask`, proxies, `on_start` / `on_stop` /
   `Dispatcher` (`runtime._inbox`): an idle actor has no task of its own. Long work
   is never awaited in a handler: a handler that returns a coroutine (an
   `async def` method called through a proxy, say) has that coroutine run as
-  *work*, a trio task in its session's nursery under a cancel scope the actor
+  *work*, a trio task in the runtime's nursery under a cancel scope the actor
   owns, and its result answers the ask. `start_work` does the same for work
   nobody awaits. The mailbox stays responsive meanwhile.
 * **Errors go to whoever asked.** An exception in a handler or in work that

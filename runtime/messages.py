@@ -45,7 +45,7 @@ class Abort(SupervisorMessage):
 
 
 class Shutdown(SupervisorMessage):
-    """Stop now: cancel all work, leave the loop (`on_stop` runs). Sent by `Supervisor.close()`."""
+    """Stop now: cancel all work; once it has unwound the actor stops (`on_stop` runs). Sent by `Supervisor.close()`."""
 
 
 class AbortAck(Message):
