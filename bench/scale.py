@@ -26,7 +26,7 @@ WAITING_MS = 10_000_000  # the model "thinks" for hours: every query stays mid-f
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", default="100,1000,10000")
-    parser.add_argument("--probe", type=int, default=200, help="starts timed at each level")
+    parser.add_argument("--probe", type=int, default=1000, help="starts timed at each level (fewer: noisier)")
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
