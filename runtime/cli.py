@@ -175,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("bench", help="benchmarks: queryloop bench kernel|loops|abort|scale ...", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
-        from bench.__main__ import main as bench_main
-
-        return bench_main(rest)
+        return _bench(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command in ("run", "demo"):
@@ -194,6 +192,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(verdict))
     return 0
+
+
+def _bench(argv: list[str]) -> int:
+    """`python -m bench`: the benchmarks live in the checkout's `bench/`, beside `runtime/` (not installed)."""
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "bench" / "__main__.py").is_file():
+        print("queryloop bench: the benchmarks ship with the source checkout (bench/)", file=sys.stderr)
+        return 2
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    from bench.__main__ import main as bench_main
+
+    return bench_main(argv)
 
 
 if __name__ == "__main__":

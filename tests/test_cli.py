@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import select
@@ -91,3 +92,19 @@ def test_demo_runs_offline_to_completion() -> None:
     assert done.returncode == 0, done.stderr
     assert "terminal: completed" in done.stdout
     assert "count_lines" in done.stdout
+
+
+def test_the_installed_command_runs_the_benchmarks_from_any_directory(tmp_path: Path) -> None:
+    command = Path(sys.executable).parent / "queryloop"  # installed beside the interpreter by `pip install -e .`
+    assert command.exists()
+    done = subprocess.run(
+        [str(command), "bench", "kernel", "--asks", "200", "--rounds", "1", "--sessions", "10", "--cycles", "5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["benchmark"] == "kernel" and result["live_tasks_before_close"] == 0
