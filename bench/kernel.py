@@ -16,6 +16,7 @@ import gc
 import math
 import os
 import statistics
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +99,9 @@ async def cycle_cost(runtime: Runtime, cycles: int) -> float:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    levels = sorted(int(n) for n in args.sessions.split(","))
+    levels = sorted({int(n) for n in args.sessions.split(",")})
+    if len(levels) < 2:
+        sys.exit(f"--sessions needs two levels or more to compare (e.g. 100,1000), not {args.sessions!r}")
     async with Runtime.open() as runtime:
         bare: list[float] = []
         ours: list[float] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import time
 from typing import Any
 
@@ -30,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    levels = sorted(int(n) for n in args.sessions.split(","))
+    levels = sorted({int(n) for n in args.sessions.split(",")})
+    if len(levels) < 2:
+        sys.exit(f"--sessions needs two levels or more to compare (e.g. 100,1000), not {args.sessions!r}")
     live: list[tuple[Session, QueryHandle]] = []
     costs: dict[int, float] = {}
     rss_at: dict[int, float] = {}

@@ -98,7 +98,7 @@ def test_the_installed_command_runs_the_benchmarks_from_any_directory(tmp_path: 
     command = Path(sys.executable).parent / "queryloop"  # installed beside the interpreter by `pip install -e .`
     assert command.exists()
     done = subprocess.run(
-        [str(command), "bench", "kernel", "--asks", "200", "--rounds", "1", "--sessions", "10", "--cycles", "5"],
+        [str(command), "bench", "kernel", "--asks", "200", "--rounds", "1", "--sessions", "10,20", "--cycles", "5"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
