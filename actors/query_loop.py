@@ -46,7 +46,7 @@ from actors.compactor import (
     Prepared,
     StageCollapse,
 )
-from actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded, StartCall
+from actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded, CallProgress, ConsumerGone, StartCall
 from actors.summarizer import Summarize
 from actors.tool_executor import BeginTurn, Discard, RemainingResults, ToolResult
 from runtime.actor import TrioActor, TrioActorRef
@@ -65,7 +65,6 @@ from runtime.events import (
     Event,
     ProgressEvent,
     ResultMessage,
-    StreamEvent,
     StreamRequestStart,
     SystemMessage,
     TombstoneEvent,
@@ -94,7 +93,6 @@ from runtime.state import (
     stop_hook_blocking,
     token_budget_continuation,
 )
-from runtime.stream import usage_from
 from runtime.token_budget import TokenBudgetDecision
 from runtime.transcript import (
     INTERRUPT_MESSAGE,
@@ -203,9 +201,8 @@ class _Turn:
     response_closed: bool = False
     held_results: list[TranscriptMessage] = field(default_factory=list)
     """Tool results emitted while their response was still streaming, waiting for its last block."""
-    streamed_start: dict[str, Any] | None = None
-    streamed_delta: dict[str, Any] | None = None
-    """The call's usage as its stream reported it so far, raw (billed even if the call never ends)."""
+    progress: CallProgress = field(default_factory=CallProgress)
+    """What the call's stream reported so far, kept by the ModelCaller (billed even if the call never ends)."""
     usage_recorded: bool = False
 
 
@@ -651,26 +648,20 @@ class QueryLoop(TrioActor):
             StartCall(
                 request=self._request(run, state, messages_for_query),
                 sink=channel,
+                events=run.sink,
+                progress=turn.progress,
                 turn=turn_setting,
                 max_retries=options.max_retries,
                 fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
             )
         )
         items = channel.items
-        sink = run.sink
         with self._phase(run):
             while not _turn_done(turn):
                 if not items:
                     await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
                     continue
-                item = channel.take()
-                # Most items are stream events on their way to an open consumer with room: forwarded here,
-                # without a coroutine per item (`_dispatch` does the same, and everything else).
-                if type(item) is StreamEvent and run.consumer_open and len(sink.items) < sink.max_buffer:
-                    _note_streamed_usage(turn, item.event)
-                    sink.send_nowait(item)
-                    continue
-                await self._dispatch(run, turn, item)
+                await self._dispatch(run, turn, channel.take())
         return turn
 
     def _request(self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
@@ -694,18 +685,18 @@ class QueryLoop(TrioActor):
 
     async def _dispatch(self, run: _Run, turn: _Turn, item: Any) -> None:
         kind = type(item)
-        if kind is StreamEvent:
-            _note_streamed_usage(turn, item.event)
+        if kind is ProgressEvent or kind is SystemMessage:
             await self._emit(run, item)
-        elif kind is ProgressEvent or kind is SystemMessage:
-            await self._emit(run, item)
-        elif kind is AssistantMessage:
+        elif kind is AssistantMessage:  # the ModelCaller has given it to the consumer already
             turn.assistant_messages.append(item)
             for block in item.content:
                 if block.get("type") == "tool_use":
                     turn.tool_ids.append(block["id"])
                     turn.pending.add(block["id"])
-            await self._emit(run, item)
+            await self._emit(run, item, sent=True)
+        elif kind is ConsumerGone:
+            run.consumer_open = False  # the consumer went away: that is an abort by the user
+            run.abort("user")
         elif kind is ToolResult:
             await self._deliver(run, turn, item)
         elif kind is CallEnded:
@@ -748,8 +739,9 @@ class QueryLoop(TrioActor):
 
     # -- emission -----------------------------------------------------------------------
 
-    async def _emit(self, run: _Run, event: Event, *, of_turn: _Turn | None = None) -> None:
-        """Send `event` to the consumer now; record a transcript message in the conversation.
+    async def _emit(self, run: _Run, event: Event, *, of_turn: _Turn | None = None, sent: bool = False) -> None:
+        """Send `event` to the consumer now (unless the ModelCaller has: `sent`); record a transcript message
+        in the conversation.
 
         A tool's result (`of_turn`) can be emitted while its own response is still streaming;
         the conversation takes it only after the response's last block (`_close_response`), so
@@ -766,7 +758,7 @@ class QueryLoop(TrioActor):
             self.conversation = [m for m in self.conversation if m.uuid != event.message_uuid]
             if self.transcript is not None:
                 self.transcript.append(event)
-        if run.consumer_open:
+        if run.consumer_open and not sent:
             try:
                 run.sink.send_nowait(event)
             except trio.WouldBlock:
@@ -835,12 +827,10 @@ class QueryLoop(TrioActor):
         while channel.items:
             await self._dispatch(run, turn, channel.take())
         self._close_response(turn)  # cut short: no more blocks will come
-        if not turn.usage_recorded and turn.streamed_start is not None:
+        streamed = turn.progress.usage()
+        if not turn.usage_recorded and streamed is not None:
             # A call cut short was billed for what its stream reported: that spend is kept.
             turn.usage_recorded = True
-            streamed = usage_from(turn.streamed_start, Usage())
-            if turn.streamed_delta is not None:
-                streamed = usage_from(turn.streamed_delta, streamed)
             run.usage = run.usage + streamed
             run.unsettled.append(RecordUsage(model=run.model, usage=streamed, query_usage=True))
         if remaining is None and turn.pending:
@@ -1002,15 +992,6 @@ def _task_budget(run: _Run) -> dict[str, int] | None:
     if run.task_budget_remaining is None:
         return {"total": total}
     return {"total": total, "remaining": run.task_budget_remaining}
-
-
-def _note_streamed_usage(turn: _Turn, raw: dict[str, Any]) -> None:
-    """Keep what the stream reported of its usage (raw), for a call cut short before it ends."""
-    kind = raw["type"]
-    if kind == "message_start":
-        turn.streamed_start, turn.streamed_delta = raw["message"].get("usage") or {}, None
-    elif kind == "message_delta" and turn.streamed_start is not None:
-        turn.streamed_delta = raw.get("usage") or {}
 
 
 def _turn_done(turn: _Turn) -> bool:

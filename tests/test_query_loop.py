@@ -33,7 +33,12 @@ from runtime.pricing import Pricing
 from runtime.scripted import ScriptedModel
 from runtime.state import MAX_OUTPUT_TOKENS_RECOVERY_TEXT
 from runtime.tools import Allow, Deny
-from runtime.transcript import INTERRUPT_MESSAGE, INTERRUPT_MESSAGE_FOR_TOOL_USE, INTERRUPTED_BY_USER
+from runtime.transcript import (
+    INTERRUPT_MESSAGE,
+    INTERRUPT_MESSAGE_FOR_TOOL_USE,
+    INTERRUPTED_BY_USER,
+    transcript_problems,
+)
 from tests.helpers import (
     FallbackMidStream,
     Ran,
@@ -741,6 +746,28 @@ async def test_consumer_that_stops_early_aborts_the_query_and_the_session_stays_
         await trio.testing.wait_all_tasks_blocked()
         assert session.live_tasks() == 0
         assert handle.result is None
+        again = await consume(session, session.query("second"), model)
+        assert again.reason == "completed"
+        await assert_settled(again)
+
+
+async def test_a_consumer_gone_mid_stream_is_the_users_abort_even_before_any_abort_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with Runtime.open() as runtime:
+        # The consumer's channel goes while the stream still runs (the first half of its 10 s comes at once, the
+        # rest at 10 s) and the tool takes a minute: the ModelCaller is the first to find it closed, at 10 s.
+        model = ScriptedModel([tools_reply(tool_use("t1", "slow"), latency_ms=10_000), text_reply("second")])
+        session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=60)])
+        handle = session.query("first")
+        async for event in handle:
+            if isinstance(event, StreamEvent):
+                break
+        handle._events.close_receiver()  # closed under the ModelCaller, no abort asked
+        await trio.sleep(7)  # virtual time: the stream's last events come at 10 s and find the channel closed
+        assert handle.abort_reason == "user"  # the ModelCaller told the loop, the loop aborted
+        assert session.live_tasks() == 0  # the minute-long tool was cut
+        assert transcript_problems(await session.transcript()) == []
         again = await consume(session, session.query("second"), model)
         assert again.reason == "completed"
         await assert_settled(again)
