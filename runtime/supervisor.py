@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
 A = TypeVar("A", bound=TrioActor)
+_CLOSED_CONTEXT = contextvars.Context()
 
 
 class Supervisor:
@@ -111,6 +112,7 @@ class Supervisor:
         self.actors = []
         self._crash_listeners = []
         self._on_closed = None
+        self._context = _CLOSED_CONTEXT  # it holds `current_supervisor`, this supervisor: a cycle too
 
     # -- supervision ------------------------------------------------------------
 

@@ -483,3 +483,30 @@ async def test_work_asked_for_after_the_groups_nursery_closed_fails_the_ask_clea
     with pytest.raises(pykka.ActorDeadError, match="runtime has closed"):
         await ref.proxy().slow_double(1, 1)
     assert await ref.ask("still answering", block=False) == ("echo", "still answering")
+
+
+async def test_closed_sessions_leave_no_cyclic_garbage_for_the_collector() -> None:
+    import gc
+
+    from bench import workload
+
+    gc.collect()
+    gc.disable()
+    try:
+        async with Runtime.open() as runtime:
+            for index in range(5):
+                session = await runtime.open_session(provider=workload.model(0), tools=workload.tools(0))
+                handle = session.query(workload.PROMPT)
+                if index % 2:
+                    await session.abort("user")
+                await handle.wait()
+                await session.close()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        ours = [o for o in gc.garbage if type(o).__module__.startswith(("runtime", "actors"))]
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.enable()
+    # Freed by reference counting alone: a cycle here would wait for (and feed) full collections.
+    assert ours == []
