@@ -86,8 +86,9 @@ class Runtime:
         `max_concurrent_model_calls` caps the model calls streaming at once across all sessions
         (a call waits for a slot; its retries' backoff does not hold one).
         `tune_gc`: while open, the collector's young generation is collected every 10,000
-        allocations instead of 700 (see `runtime._gc` for why and what was measured);
-        False leaves the collector as the host set it.
+        allocations instead of 700, and full collections are considered after 100 middle ones
+        instead of 10 (see `runtime._gc` for why and what was measured); False leaves the
+        collector as the host set it.
         """
         if tune_gc:
             _gc.acquire()
