@@ -58,15 +58,19 @@ class CallProgress:
 
     The QueryLoop reads it when it bills a call that was cut short (an abort): the
     spend the stream reported is kept. Raw `usage` objects, turned into a `Usage`
-    only then. Also whether the consumer has gone (reported to the loop once).
+    only then. Also whether the consumer has gone (reported to the loop once), and whether the
+    loop has cut the call.
     """
 
-    __slots__ = ("consumer_gone", "delta_usage", "start_usage")
+    __slots__ = ("consumer_gone", "cut", "delta_usage", "start_usage")
 
     def __init__(self) -> None:
         self.start_usage: dict[str, Any] | None = None
         self.delta_usage: dict[str, Any] | None = None
         self.consumer_gone = False
+        self.cut = False
+        """Set by the loop when it ends the query under this call: nothing more of it reaches anyone
+        (the call's task may still run a step before its cancellation lands)."""
 
     def usage(self) -> Usage | None:
         """The usage the stream reported (None if it never started)."""
@@ -195,6 +199,8 @@ class ModelCaller(TrioActor):
                     reported.start_usage, reported.delta_usage = raw["message"].get("usage") or {}, None
                 elif kind == "message_delta" and reported.start_usage is not None:
                     reported.delta_usage = raw.get("usage") or {}
+                if reported.cut:
+                    continue  # the loop has ended the query: this task's cancellation lands at the next step
                 event = StreamEvent(event=raw)
                 try:
                     events.send_nowait(event)  # without a coroutine per event while there is room
@@ -227,6 +233,8 @@ class ModelCaller(TrioActor):
 
     async def _hand_over(self, completed: CompletedBlock, assembler: ResponseAssembler, call: StartCall) -> None:
         # The message goes first: a tool is only ever started for a block the loop has seen.
+        if call.progress.cut:
+            return
         message = AssistantMessage(
             message_id=assembler.message_id, model=call.request.model, content=[completed.block], usage=assembler.usage
         )
@@ -243,7 +251,7 @@ class ModelCaller(TrioActor):
     async def _emit(self, call: StartCall, event: Any) -> None:
         """To the query's consumer; waits if it is slow. A consumer gone is reported to the loop, once."""
         progress = call.progress
-        if progress.consumer_gone:
+        if progress.consumer_gone or progress.cut:
             return
         try:
             try:

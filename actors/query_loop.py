@@ -372,9 +372,9 @@ class QueryLoop(TrioActor):
                     # Disposed on every exit path, as the reference's `using` does.
                     prefetch.cancel_scope.cancel()
             run.control.decided = True
-            await self._stop_workers()
             await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
             await self._send_outcome(run, terminal, state)
+            await self._stop_workers()  # before the stream ends: then no task of the session runs
         finally:
             self._run = None
             run.control.ended.set()
@@ -799,13 +799,14 @@ class QueryLoop(TrioActor):
         run.ending = True
         interrupted = reason in ("aborted_streaming", "aborted_tools")
         text = INTERRUPTED_BY_USER if interrupted else "Stopped: the query's budget is spent"
-        # Stop every helper and ask for the tools' remaining results in one round: the executor's
-        # Abort (urgent lane) is handled first, so the results are asked once its tools have unwound.
-        stopping = self._stop_workers_soon()
-        remaining = self.executor.ask(RemainingResults(text=text), block=False) if turn is not None else None
-        for future in stopping:
-            await future
+        # Stop every helper and take the tools' remaining results now: a tool cut by the abort has no
+        # result to wait for, and RemainingResults is answered while the tools unwind (urgent lane).
+        # The helpers' unwinding is awaited before the stream ends (`_query`), not before the result:
+        # nothing they do while unwinding reaches the consumer.
+        self._stop_workers_soon()
         if turn is not None:
+            turn.progress.cut = True  # whatever step the call's task still takes, it reaches no one
+            remaining = self.executor.ask(RemainingResults(text=text), block=False)
             await self._collect_remaining(run, turn, text, remaining)
         if interrupted and run.control.abort_reason != "interrupt":
             note = INTERRUPT_MESSAGE_FOR_TOOL_USE if reason == "aborted_tools" else INTERRUPT_MESSAGE

@@ -26,7 +26,7 @@ from runtime.actor import TrioActor
 from runtime.events import AttachmentMessage, Block, ProgressEvent, UserMessage
 from runtime.flow import EventChannel
 from runtime.hooks import PostToolUseHook, PostToolUseInput
-from runtime.messages import CarrierMessage, Message
+from runtime.messages import CarrierMessage, Message, SupervisorMessage
 from runtime.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
 from runtime.transcript import tool_error, tool_result_message
 
@@ -53,8 +53,10 @@ class Discard(Message):
     """Fallback: the response is retracted; cancel its tools and drop their results."""
 
 
-class RemainingResults(Message):
-    """After an abort: every result the loop has not received, synthetic (`text`) where none exists."""
+class RemainingResults(SupervisorMessage):
+    """After an abort: every result the loop has not received, synthetic (`text`) where none exists.
+
+    Part of the abort protocol, so on the urgent lane: answered while the aborted tools unwind."""
 
     text: str
 

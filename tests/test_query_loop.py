@@ -773,6 +773,33 @@ async def test_a_consumer_gone_mid_stream_is_the_users_abort_even_before_any_abo
         await assert_settled(again)
 
 
+async def test_a_stream_step_racing_the_abort_never_reaches_the_consumer_after_the_result() -> None:
+    class EveryTick:
+        """A stream that produces an event in every scheduler batch (a network stream with data waiting)."""
+
+        async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+            yield {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 5}}}
+            while True:
+                await trio.lowlevel.cancel_shielded_checkpoint()  # woken next batch, whatever happened
+                yield {"type": "ping"}
+                await trio.lowlevel.checkpoint_if_cancelled()
+
+    async with Runtime.open() as runtime:
+        # After the abort, the loop and the stream's task run in the same batch, in either order (trio
+        # shuffles a batch): over twenty sessions both orders come up; the result must stay the last event.
+        for _ in range(20):
+            session = await runtime.open_session(QueryOptions(provider=EveryTick()))
+            handle = session.query("go")
+            labels: list[str] = []
+            async for event in handle:
+                labels.append(event.label)
+                if len(labels) == 10:
+                    await session.abort("user")
+            assert labels[-1] == "result" and labels.count("result") == 1
+            assert handle.terminal is not None and handle.terminal.reason == "aborted_streaming"
+            await session.close()
+
+
 async def test_consumer_that_drops_the_handle_without_closing_it_aborts_the_query(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
