@@ -9,11 +9,11 @@ are schedule points even when the item could move at once. Here:
 * `send_nowait` appends, or raises `trio.WouldBlock` when the buffer is full;
   `send` waits for room only then (cancellable, or shielded by the caller), and
   blocked senders' items enter the buffer in the order they were sent.
-* One consumer: `receive` returns at once while items are buffered and parks only
-  on an empty buffer; `items` is the buffer itself, for a consumer that takes a
-  burst with `take()` without a call per item to wait.
-* `close()` (the producer side's end) lets the consumer drain what is buffered and
-  then raises `trio.EndOfChannel`; `close_receiver()` (the consumer went away)
+* One consumer: it reads the buffer `items` and `take()`s from it, and calls
+  `wait()` only on an empty buffer: a burst costs one wakeup and no call per item
+  to wait.
+* `close()` (the producer side's end) lets the consumer drain what is buffered, after
+  which `wait()` answers False; `close_receiver()` (the consumer went away)
   makes every send raise `trio.BrokenResourceError`, waiting ones included.
 
 Everything runs on the trio thread: no locks.
@@ -119,19 +119,6 @@ class EventChannel(Generic[T]):
         await wait_task_rescheduled(abort)
         return bool(self.items)
 
-    async def receive(self) -> T:
-        """The next item; parks only on an empty buffer. `EndOfChannel` once closed and drained."""
-        if not self.items and not await self.wait():
-            raise trio.EndOfChannel
-        return self.take()
-
-    def receive_nowait(self) -> T:
-        if self.items:
-            return self.take()
-        if self._closed:
-            raise trio.EndOfChannel
-        raise trio.WouldBlock
-
     def close_receiver(self) -> None:
         """The consumer is gone: every send from now on (and every waiting one) raises `BrokenResourceError`."""
         self._receiver_gone = True
@@ -139,7 +126,3 @@ class EventChannel(Generic[T]):
         waiting, self._waiting_senders = self._waiting_senders, None
         for task, _ in waiting or ():
             reschedule(task, Error(trio.BrokenResourceError()))
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
