@@ -110,7 +110,7 @@ class CallEnded(CarrierMessage):
     fallback: bool = False
 
 
-class _Progress:
+class _Attempt:
     """Whether the current request has emitted anything: only an unseen failure may be retried."""
 
     __slots__ = ("emitted",)
@@ -160,21 +160,21 @@ class ModelCaller(TrioActor):
     async def _call(self, call: StartCall) -> None:
         attempt = 0
         while True:
-            progress = _Progress()
+            this_try = _Attempt()
             try:
                 if self.limiter is None:
-                    ended = await self._stream_once(call, progress)
+                    ended = await self._stream_once(call, this_try)
                 else:
                     async with self.limiter:  # held while the request streams, not during backoff
-                        ended = await self._stream_once(call, progress)
+                        ended = await self._stream_once(call, this_try)
             except FallbackTriggered:
                 ended = CallEnded(fallback=True, stop_reason=None, usage=Usage(), withheld=None, error=None)
             except ModelError as error:
-                if error.retryable and not progress.emitted and attempt < call.max_retries:
+                if error.retryable and not this_try.emitted and attempt < call.max_retries:
                     attempt += 1
                     await self._announce_retry_and_wait(call, error, attempt)
                     continue
-                if error.kind == "overloaded" and call.fallback_available and not progress.emitted:
+                if error.kind == "overloaded" and call.fallback_available and not this_try.emitted:
                     await call.sink.send(CallEnded(fallback=True))
                     return
                 withheld = None
@@ -187,19 +187,19 @@ class ModelCaller(TrioActor):
             await call.sink.send(ended)
             return
 
-    async def _stream_once(self, call: StartCall, progress: _Progress) -> CallEnded:
+    async def _stream_once(self, call: StartCall, this_try: _Attempt) -> CallEnded:
         """One request: forward its events, hand over its blocks; the end, or the provider's error."""
         assembler = ResponseAssembler()
         async with aclosing(self.provider.stream(call.request)) as stream:
-            events, reported = call.events, call.progress
+            events, progress = call.events, call.progress
             async for raw in stream:
-                progress.emitted = True
+                this_try.emitted = True
                 kind = raw["type"]
                 if kind == "message_start":
-                    reported.start_usage, reported.delta_usage = raw["message"].get("usage") or {}, None
-                elif kind == "message_delta" and reported.start_usage is not None:
-                    reported.delta_usage = raw.get("usage") or {}
-                if reported.cut:
+                    progress.start_usage, progress.delta_usage = raw["message"].get("usage") or {}, None
+                elif kind == "message_delta" and progress.start_usage is not None:
+                    progress.delta_usage = raw.get("usage") or {}
+                if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
                 event = StreamEvent(event=raw)
                 try:
