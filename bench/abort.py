@@ -39,22 +39,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rounds pooled into the percentiles, each with its own seeded moments (default: enough for 2,000 aborts)",
     )
     parser.add_argument("--plot", metavar="FILE.png", help="draw the abort-latency CDF of both")
+    parser.add_argument(
+        "--stagger-ms",
+        type=float,
+        default=0.0,
+        help="start each loop at a seeded moment within this many ms (0: all at once, their steps in lockstep)",
+    )
 
 
-def moments(args: argparse.Namespace, seed: int) -> list[float]:
+def moments(args: argparse.Namespace, seed: int) -> list[tuple[float, float]]:
+    """Per loop: when it starts (within `--stagger-ms`) and when, after its start, it is aborted."""
     life = (3 * args.model_ms + 2 * args.tool_ms) / 1000
+    stagger = args.stagger_ms / 1000
     rng = random.Random(seed)
-    return [rng.uniform(0, life) for _ in range(args.concurrency)]
+    return [(rng.uniform(0, stagger), rng.uniform(0, life)) for _ in range(args.concurrency)]
 
 
-async def runtime_run(args: argparse.Namespace, at: list[float]) -> dict[str, Any]:
+async def runtime_run(args: argparse.Namespace, at: list[tuple[float, float]]) -> dict[str, Any]:
     latencies: list[float] = []
     violations = 0
     sessions: list[Session] = []
     async with Runtime.open() as runtime:
 
-        async def one(delay: float) -> None:
+        async def one(start: float, delay: float) -> None:
             nonlocal violations
+            await trio.sleep(start)
             session = await runtime.open_session(
                 QueryOptions(provider=workload.model(args.model_ms), tools=workload.tools(args.tool_ms))
             )
@@ -84,18 +93,19 @@ async def runtime_run(args: argparse.Namespace, at: list[float]) -> dict[str, An
                 violations += 1
 
         async with trio.open_nursery() as nursery:
-            for delay in at:
-                nursery.start_soon(one, delay)
+            for start, delay in at:
+                nursery.start_soon(one, start, delay)
         leftover = sum(s.live_tasks() for s in sessions)
         for session in sessions:
             await session.close()
     return {"latencies": latencies, "violations": violations, "leftover": leftover}
 
 
-async def baseline_run(args: argparse.Namespace, at: list[float]) -> list[float]:
+async def baseline_run(args: argparse.Namespace, at: list[tuple[float, float]]) -> list[float]:
     latencies: list[float] = []
 
-    async def one(delay: float) -> None:
+    async def one(start: float, delay: float) -> None:
+        await trio.sleep(start)
         control = BaselineAbort()
         asked: list[float] = []
         async with trio.open_nursery() as nursery:
@@ -117,8 +127,8 @@ async def baseline_run(args: argparse.Namespace, at: list[float]) -> list[float]
             latencies.append(ended - asked[0])
 
     async with trio.open_nursery() as nursery:
-        for delay in at:
-            nursery.start_soon(one, delay)
+        for start, delay in at:
+            nursery.start_soon(one, start, delay)
     return latencies
 
 
@@ -143,6 +153,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     b50, b99 = percentile(base, 0.5) * 1e3, percentile(base, 0.99) * 1e3
     ratio = p99 / b99 if b99 else float("inf")
     load = f"{args.concurrency} loops, model {args.model_ms} ms, tools {args.tool_ms} ms"
+    load += f", starts within {args.stagger_ms} ms" if args.stagger_ms else ", all started at once"
     print(f"abort under load: {load}, {rounds} rounds")
     print(f"  baseline : abort p50 {b50:7.2f} ms  p99 {b99:7.2f} ms  ({len(base)} aborted before their end)")
     print(f"  runtime  : abort p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  ({len(lat)} aborted before their end)")
@@ -156,6 +167,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "model_ms": args.model_ms,
         "tool_ms": args.tool_ms,
+        "stagger_ms": args.stagger_ms,
         "abort_p50_ms": round(p50, 3),
         "abort_p99_ms": round(p99, 3),
         "baseline_abort_p50_ms": round(b50, 3),
