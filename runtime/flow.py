@@ -1,8 +1,9 @@
 """`EventChannel`: the bounded, single-consumer channel of the event path.
 
-A model call's events and its tools' results flow to the QueryLoop through one of
-these, and the query's events to its `QueryHandle` through another: tens of items
-per model call, thousands of sessions at once. A trio memory channel would do, at
+A model call's messages and its tools' results flow to the QueryLoop through one of
+these (the turn channel), and the query's events to its `QueryHandle` through another,
+which the ModelCaller feeds a call's stream events directly: tens of items per model
+call, thousands of sessions at once. A trio memory channel would do, at
 several times the cost per item (measured: `bench loops`), and its `send`/`receive`
 are schedule points even when the item could move at once. Here:
 
@@ -25,7 +26,7 @@ from collections import deque
 from typing import Generic, TypeVar
 
 import trio
-from outcome import Error
+from outcome import Error  # trio's own result type, what `reschedule` takes
 from trio.lowlevel import Abort, RaiseCancelT, Task, current_task, reschedule, wait_task_rescheduled
 
 T = TypeVar("T")
