@@ -9,12 +9,15 @@ the rest, an interruption message unless the reason is `interrupt`, and the
 `result` event. The ModelCaller's and the executor's work is abortable and
 is cancelled by the same `Abort` broadcast.
 
-One iteration: (top: issue 4 adds the pending summary and compaction)
+One iteration: the pending summary and compaction at the top, then
 `stream_request_start` → model call (fallback retries inside) → the decisions
 of `runtime.decisions`, in the reference's check order → a continue site of
 `runtime.state` or a `Terminal`. Events are emitted in production order to the
-query's bounded channel; transcript messages are appended to the conversation
-as they are emitted, so the conversation is always what the consumer saw.
+query's bounded channel (a call's stream events and assistant messages by the
+ModelCaller itself, which then hands each message to the loop); transcript
+messages join the conversation as they are emitted, so the conversation is always
+what the consumer saw. The `result` is sent as soon as the ending is known; the
+stream ends once every helper's cancelled work has unwound.
 
 With a `TranscriptLog`, every message that joins the conversation (and every
 tombstone) is logged in the conversation's own order, and the log is flushed to
