@@ -9,7 +9,7 @@ the rest, an interruption message unless the reason is `interrupt`, and the
 `result` event. The ModelCaller's and the executor's work is abortable and
 is cancelled by the same `Abort` broadcast.
 
-One iteration: the pending summary and compaction at the top, then
+One iteration: the context pipeline (compaction) at the top, then
 `stream_request_start` → model call (fallback retries inside) → the decisions
 of `runtime.decisions`, in the reference's check order → a continue site of
 `runtime.state` or a `Terminal`. Events are emitted in production order to the
