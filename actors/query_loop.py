@@ -232,6 +232,8 @@ class _Run:
     last_message_id: str = ""
     api_error_surfaced: bool = False
     phase: trio.CancelScope | None = None
+    helpers_aborted: bool = False
+    """An `Abort` broadcast reached this query: the helpers' work is being cancelled already."""
     consumer_open: bool = True
     budget_exceeded: bool = False
     ending: bool = False
@@ -296,6 +298,8 @@ class QueryLoop(TrioActor):
 
     def on_abort(self, reason: AbortReason) -> None:
         if self._run is not None:
+            # The supervisor aborts the loop last, after every helper: `_end_early` need not again.
+            self._run.helpers_aborted = True
             self._run.abort(reason)
 
     def on_stop(self) -> None:
@@ -806,7 +810,8 @@ class QueryLoop(TrioActor):
         # result to wait for, and RemainingResults is answered while the tools unwind (urgent lane).
         # The helpers' unwinding is awaited before the stream ends (`_query`), not before the result:
         # nothing they do while unwinding reaches the consumer.
-        self._stop_workers_soon()
+        if not run.helpers_aborted:
+            self._stop_workers_soon()
         if turn is not None:
             turn.progress.cut = True  # whatever step the call's task still takes, it reaches no one
             remaining = self.executor.ask(RemainingResults(text=text), block=False)

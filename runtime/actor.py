@@ -34,6 +34,7 @@ pykka's contract: `tell`, `ask`, proxies, `on_start` / `on_stop` /
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
@@ -67,6 +68,12 @@ _urns = itertools.count(1)
 
 # Life of an actor: NEW → RUNNING ⇄ ABORTING → STOPPING → STOPPED.
 _NEW, _RUNNING, _ABORTING, _STOPPING, _STOPPED = range(5)
+
+
+@functools.cache
+def _idle_ack(name: str) -> AbortAck:
+    """The ack of an actor the abort found idle (frozen, so one per actor name serves every abort)."""
+    return AbortAck(actor=name, cancelled_work=0)
 
 
 class _StoppedFlag:
@@ -334,7 +341,9 @@ class TrioActor(pykka.Actor):
                 cancelled += 1
         if not self._abortable_work and self._state < _STOPPING:
             if reply_to is not None:
-                reply_to.set(AbortAck(actor=self.name, cancelled_work=cancelled))
+                reply_to.set(
+                    _idle_ack(self.name) if not cancelled else AbortAck(actor=self.name, cancelled_work=cancelled)
+                )
             return
         # Answered once the cancelled work has unwound; meanwhile only supervisor mail comes in.
         if self._abort_acks is None:
