@@ -298,7 +298,7 @@ class QueryLoop(TrioActor):
 
     def on_abort(self, reason: AbortReason) -> None:
         if self._run is not None:
-            # The supervisor aborts the loop last, after every helper: `_end_early` need not again.
+            # A broadcast aborts every helper in the same call (before any task runs): `_end_early` need not again.
             self._run.helpers_aborted = True
             self._run.abort(reason)
 

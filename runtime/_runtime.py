@@ -182,7 +182,7 @@ class Runtime:
             session_dir=options.session_dir,
         )
         summarizer = group.spawn(HaikuSummarizer, options.summary_provider or options.provider, budget_guard=budget)
-        loop = group.spawn(  # last: an abort broadcast reaches the loop after every helper
+        loop = group.spawn(
             QueryLoop,
             model_caller=caller,
             executor=executor,

@@ -117,7 +117,7 @@ class Supervisor:
     # -- supervision ------------------------------------------------------------
 
     async def abort(self, reason: AbortReason) -> list[AbortAck]:
-        """Send `Abort(reason)` to every live actor, in the order they were spawned, urgent lane; return their acks.
+        """Send `Abort(reason)` to every live actor, urgent lane; return their acks.
 
         Each actor cancels its work and answers once that work has unwound, so when
         this returns no work of the session started before the abort is running.
