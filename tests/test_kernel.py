@@ -510,3 +510,24 @@ async def test_closed_sessions_leave_no_cyclic_garbage_for_the_collector() -> No
         gc.enable()
     # Freed by reference counting alone: a cycle here would wait for (and feed) full collections.
     assert ours == []
+
+
+async def test_mail_queued_behind_a_handler_that_raises_a_base_exception_is_still_delivered() -> None:
+    class Boom(BaseException):
+        pass
+
+    class Raising(TrioActor):
+        def on_receive(self, message: Any) -> None:
+            target.tell("first")
+            target.tell("second")
+            raise Boom  # not an Exception: it goes up to whoever sent the mail, as KeyboardInterrupt would
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        handled: list[Any] = []
+        target = group.spawn(Recorder, handled)
+        with pytest.raises(Boom):
+            group.spawn(Raising).tell("go")
+        assert handled == []  # queued behind the handler that raised
+        await trio.testing.wait_all_tasks_blocked()
+        assert handled == ["first", "second"]  # delivered on the trio thread's next turn, in order
