@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -69,21 +70,9 @@ async def runtime_run(args: argparse.Namespace, at: list[tuple[float, float]]) -
             )
             sessions.append(session)
             handle = session.query(workload.PROMPT)
-            asked: list[float] = []
-            async with trio.open_nursery() as nursery:
-
-                async def abort_later() -> None:
-                    await trio.sleep(delay)
-                    asked.append(time.perf_counter())
-                    await session.abort("user")
-
-                nursery.start_soon(abort_later)
-                async for event in handle:
-                    if isinstance(event, ResultMessage):
-                        ended = time.perf_counter()
-                        nursery.cancel_scope.cancel()
-            if asked and asked[0] <= ended:
-                latencies.append(ended - asked[0])
+            latency = await _abort_while_consuming(handle, lambda: session.abort("user"), delay)
+            if latency is not None:
+                latencies.append(latency)
                 terminal = handle.terminal.reason if handle.terminal else None
                 # An abort that lands after the loop has decided its ending (its last check passed, its
                 # result on the way) does not change it, as in the reference: `abort_reason` stays None.
@@ -107,29 +96,42 @@ async def baseline_run(args: argparse.Namespace, at: list[tuple[float, float]]) 
     async def one(start: float, delay: float) -> None:
         await trio.sleep(start)
         control = BaselineAbort()
-        asked: list[float] = []
-        async with trio.open_nursery() as nursery:
 
-            async def abort_later() -> None:
-                await trio.sleep(delay)
-                asked.append(time.perf_counter())
-                control.abort("user")
+        async def abort() -> None:
+            control.abort("user")
 
-            nursery.start_soon(abort_later)
-            async with aclosing(
-                baseline_loop(workload.model(args.model_ms), workload.tools(args.tool_ms), workload.PROMPT, control)
-            ) as events:
-                async for event in events:
-                    if isinstance(event, ResultMessage):
-                        ended = time.perf_counter()
-                        nursery.cancel_scope.cancel()
-        if asked and asked[0] <= ended:
-            latencies.append(ended - asked[0])
+        loop = baseline_loop(workload.model(args.model_ms), workload.tools(args.tool_ms), workload.PROMPT, control)
+        async with aclosing(loop) as events:
+            latency = await _abort_while_consuming(events, abort, delay)
+        if latency is not None:
+            latencies.append(latency)
 
     async with trio.open_nursery() as nursery:
         for start, delay in at:
             nursery.start_soon(one, start, delay)
     return latencies
+
+
+async def _abort_while_consuming(
+    events: AsyncIterator[Any], abort: Callable[[], Awaitable[Any]], delay: float
+) -> float | None:
+    """Consume `events`, calling `abort()` `delay` seconds in: seconds from that call to the `result`
+    event, or None if the loop ended first."""
+    asked: list[float] = []
+    ended = 0.0
+    async with trio.open_nursery() as nursery:
+
+        async def abort_later() -> None:
+            await trio.sleep(delay)
+            asked.append(time.perf_counter())
+            await abort()
+
+        nursery.start_soon(abort_later)
+        async for event in events:
+            if isinstance(event, ResultMessage):
+                ended = time.perf_counter()
+                nursery.cancel_scope.cancel()
+    return ended - asked[0] if asked and asked[0] <= ended else None
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -58,50 +58,49 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_throughput(target: Path, points: Sequence[dict[str, Any]], title: str) -> None:
-    """Loops per second against concurrency, runtime and baseline."""
+@contextmanager
+def _figure(target: Path, title: str, xlabel: str, ylabel: str) -> Iterator[Any]:
+    """Axes on a log x scale, labelled and titled; saved to `target` (PNG) when the block ends."""
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    levels = [p["concurrency"] for p in points]
-    axes.plot(levels, [p["loops_per_s"] for p in points], marker="o", label="queryloop runtime")
-    axes.plot(levels, [p["baseline_loops_per_s"] for p in points], marker="s", label="baseline (plain trio loop)")
-    for p in points:
-        axes.annotate(
-            f"{p['throughput_ratio']:.2f}",
-            (p["concurrency"], p["loops_per_s"]),
-            textcoords="offset points",
-            xytext=(0, -14),
-            ha="center",
-            fontsize=8,
-        )
-    axes.set_xscale("log")
-    axes.set_xlabel("loops at once (concurrency)")
-    axes.set_ylabel("loops per second")
-    axes.set_title(title)
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(target, dpi=120)
-    plt.close(figure)
+    try:
+        yield axes
+        axes.set_xscale("log")
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(ylabel)
+        axes.set_title(title)
+        axes.grid(True, alpha=0.3)
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(target, dpi=120)
+    finally:
+        plt.close(figure)
+
+
+def plot_throughput(target: Path, points: Sequence[dict[str, Any]], title: str) -> None:
+    """Loops per second against concurrency, runtime and baseline."""
+    with _figure(target, title, "loops at once (concurrency)", "loops per second") as axes:
+        levels = [p["concurrency"] for p in points]
+        axes.plot(levels, [p["loops_per_s"] for p in points], marker="o", label="queryloop runtime")
+        axes.plot(levels, [p["baseline_loops_per_s"] for p in points], marker="s", label="baseline (plain trio loop)")
+        for p in points:
+            axes.annotate(
+                f"{p['throughput_ratio']:.2f}",
+                (p["concurrency"], p["loops_per_s"]),
+                textcoords="offset points",
+                xytext=(0, -14),
+                ha="center",
+                fontsize=8,
+            )
 
 
 def plot_cdf(target: Path, series: dict[str, Sequence[float]], title: str) -> None:
     """The cumulative distribution of each series of latencies (seconds, drawn in milliseconds)."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for label, values in series.items():
-        ordered = sorted(v * 1e3 for v in values)
-        if not ordered:
-            continue
-        fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
-        axes.step(ordered, fractions, where="post", label=f"{label} (n={len(ordered)})")
-    axes.set_xscale("log")
-    axes.set_xlabel("abort call → result event (ms)")
-    axes.set_ylabel("fraction of aborts")
-    axes.axhline(0.99, color="grey", linewidth=0.8, linestyle=":")
-    axes.set_title(title)
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(target, dpi=120)
-    plt.close(figure)
+    with _figure(target, title, "abort call → result event (ms)", "fraction of aborts") as axes:
+        for label, values in series.items():
+            ordered = sorted(v * 1e3 for v in values)
+            if not ordered:
+                continue
+            fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+            axes.step(ordered, fractions, where="post", label=f"{label} (n={len(ordered)})")
+        axes.axhline(0.99, color="grey", linewidth=0.8, linestyle=":")
