@@ -147,7 +147,6 @@ class TrioActor(pykka.Actor):
         # Made on first use (most actors of most sessions never need them; the GC would still walk them).
         self._work: dict[trio.CancelScope, bool] | None = None
         """Every running piece of work: its cancel scope → whether an `Abort` cancels it."""
-        self._live_work = 0
         self._abortable_work = 0
         self._abort_acks: list[tuple[TrioFuture[Any] | None, int]] | None = None
         self._stop_reply: TrioFuture[Any] | None = None
@@ -220,7 +219,7 @@ class TrioActor(pykka.Actor):
     @property
     def busy(self) -> int:
         """How many work tasks of this actor are running (abortable or not)."""
-        return self._live_work
+        return len(self._work) if self._work else 0
 
     # -- delivery (called by the dispatcher, one envelope at a time) ----------------
 
@@ -276,7 +275,6 @@ class TrioActor(pykka.Actor):
         if work is None:
             work = self._work = {}
         work[scope] = abortable
-        self._live_work += 1
         if abortable:
             self._abortable_work += 1
             if self._state == _ABORTING:
@@ -287,7 +285,6 @@ class TrioActor(pykka.Actor):
             supervisor._context.run(supervisor._nursery.start_soon, self._run_work, coro, reply_to, scope)  # noqa: SLF001
         except RuntimeError as error:  # the runtime's nursery has closed under this actor
             coro.close()
-            self._live_work -= 1
             del work[scope]
             if abortable:
                 self._abortable_work -= 1
@@ -312,7 +309,6 @@ class TrioActor(pykka.Actor):
             self._work_done(scope, reply_to)
 
     def _work_done(self, scope: trio.CancelScope, reply_to: TrioFuture[Any] | None) -> None:
-        self._live_work -= 1
         if self._work is not None and self._work.pop(scope):
             self._abortable_work -= 1
         if reply_to is not None and not reply_to.done():
@@ -321,7 +317,7 @@ class TrioActor(pykka.Actor):
             self._state = _RUNNING
             self._send_abort_acks()
             self.actor_inbox.set_gate(OPEN)  # type: ignore[attr-defined]
-        elif self._state == _STOPPING and not self._live_work:
+        elif self._state == _STOPPING and not self._work:
             self._finish()
 
     # -- supervision --------------------------------------------------------------------
@@ -369,7 +365,7 @@ class TrioActor(pykka.Actor):
         self.actor_inbox.set_gate(URGENT_ONLY)  # type: ignore[attr-defined]
         for scope in self._work or ():
             scope.cancel()
-        if not self._live_work:
+        if not self._work:
             self._finish()
 
     def _finish(self) -> None:
