@@ -1,13 +1,16 @@
 """QueryLoop: owns the loop `State` and the session's conversation; runs queries.
 
 A `RunQuery` starts the query as *non-abortable* work of this actor: an abort
-must not kill the loop, the loop must end the query itself as seed 000 says.
-So `on_abort` only records the reason and cancels the current *phase* (the
-model stream and tool wait, or the stop hooks); the loop then takes the abort
-path: what the executor finished, synthetic `Interrupted by user` results for
-the rest, an interruption message unless the reason is `interrupt`, and the
-`result` event. The ModelCaller's and the executor's work is abortable and
-is cancelled by the same `Abort` broadcast.
+must not kill the loop, the loop must end the query itself as seed 000 says:
+what the tools finished, synthetic `Interrupted by user` results for the rest,
+an interruption message unless the reason is `interrupt`, and the `result`
+event. `on_abort` records the reason and cancels the current *phase* (the model
+stream and tool wait, or the stop hooks). Where the loop is waiting on its turn
+(nearly all of a query's life), the ending is written at once, in the abort's own
+call, once its handlers have returned (`_end_now`); elsewhere the loop's task,
+woken by the cancellation, writes it. Both run the same synchronous ending
+(`_end_early`, `_send_outcome`). The ModelCaller's and the executor's work is
+abortable and is cancelled by the same `Abort` broadcast.
 
 One iteration: the context pipeline (compaction) at the top, then
 `stream_request_start` → model call (fallback retries inside) → the decisions
@@ -51,7 +54,7 @@ from actors.compactor import (
 )
 from actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded, CallProgress, ConsumerGone, StartCall
 from actors.summarizer import Summarize
-from actors.tool_executor import BeginTurn, Discard, RemainingResults, ToolResult
+from actors.tool_executor import BeginTurn, Discard, ToolResult
 from runtime.actor import TrioActor, TrioActorRef
 from runtime.context import ContextLimits, collapse_may_stage, pipeline_needed
 from runtime.decisions import (
@@ -119,6 +122,7 @@ if TYPE_CHECKING:
     from actors.model_caller import ModelCaller
     from actors.summarizer import HaikuSummarizer
     from actors.tool_executor import StreamingToolExecutor
+    from runtime._future import TrioFuture
     from runtime.persistence import TranscriptLog
 
 TURN_BUFFER = 256
@@ -232,6 +236,13 @@ class _Run:
     last_message_id: str = ""
     api_error_surfaced: bool = False
     phase: trio.CancelScope | None = None
+    waiting: bool = False
+    """The loop's task is suspended at its turn's wait (an abort then ends the query in its own call)."""
+    turn_count: int = 1
+    terminal: Terminal | None = None
+    """Set when an abort ended the query's turn in the abort's own call (`QueryLoop._end_now`)."""
+    settling: TrioFuture[BudgetStatus] | None = None
+    outcome_sent: bool = False
     helpers_aborted: bool = False
     """An `Abort` broadcast reached this query: the helpers' work is being cancelled already."""
     consumer_open: bool = True
@@ -297,10 +308,13 @@ class QueryLoop(TrioActor):
             message.sink.close()
 
     def on_abort(self, reason: AbortReason) -> None:
-        if self._run is not None:
+        run = self._run
+        if run is not None:
             # A broadcast aborts every helper in the same call (before any task runs): `_end_early` need not again.
-            self._run.helpers_aborted = True
-            self._run.abort(reason)
+            run.helpers_aborted = True
+            run.abort(reason)
+            if run.waiting and run.control.abort_reason is not None and not run.control.decided:
+                self.after_handlers(lambda: self._end_now(run))
 
     def on_stop(self) -> None:
         # After the work has ended: no flush is running. What a cancelled query left buffered
@@ -379,8 +393,10 @@ class QueryLoop(TrioActor):
                     # Disposed on every exit path, as the reference's `using` does.
                     prefetch.cancel_scope.cancel()
             run.control.decided = True
-            await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
-            await self._send_outcome(run, terminal, state)
+            if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
+                await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
+                totals = await self._settle(run)
+                self._send_outcome(run, terminal, terminal.turn_count or state.turn_count, totals)
             await self._stop_workers()  # before the stream ends: then no task of the session runs
         finally:
             self._run = None
@@ -394,7 +410,7 @@ class QueryLoop(TrioActor):
         try:
             return await self._loop(run, state)
         except _BudgetExceeded:
-            return await self._end_early(run, run.turn, "max_budget_usd"), state
+            return self._end_early(run, run.turn, "max_budget_usd"), state
 
     async def _loop(self, run: _Run, state: State) -> tuple[Terminal, State]:
         options = run.options
@@ -402,7 +418,7 @@ class QueryLoop(TrioActor):
             await self._begin_iteration(run, state)
             prepared = await self._prepare(run, messages_after_compact_boundary(state.messages))
             if prepared is None:  # aborted while summarizing or compacting
-                return await self._end_early(run, None, "aborted_streaming"), state
+                return self._end_early(run, None, "aborted_streaming"), state
             messages_for_query = prepared.messages
             if prepared.compacted is not None:
                 messages_for_query = await self._install_compaction(
@@ -414,8 +430,9 @@ class QueryLoop(TrioActor):
             turn, messages_for_query = await self._model_phase(run, state, messages_for_query)
             ended = turn.ended
             if run.control.abort_reason is not None or ended is None:
-                reason = abort_terminal(ended is not None, bool(turn.tool_ids))
-                return await self._end_early(run, turn, reason), state
+                if run.terminal is not None:  # the abort has ended the turn already, in its own call
+                    return run.terminal, state
+                return self._end_early(run, turn, abort_terminal(ended is not None, bool(turn.tool_ids))), state
             # The previous batch's summary was made while this call streamed: collect it now.
             await self._consume_summary(run, state)
             if ended.error is not None and ended.withheld is None:
@@ -423,7 +440,7 @@ class QueryLoop(TrioActor):
             if ended.error is not None and ended.withheld is not None:
                 recovered = await self._recover_prompt_too_long(run, state, messages_for_query)
                 if run.control.abort_reason is not None:  # aborted while compacting: the abort comes first
-                    return await self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids))), state
+                    return self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids))), state
                 if recovered is None:
                     await self._surface(run, ended.withheld)
                     return Terminal(reason="prompt_too_long"), state
@@ -440,7 +457,7 @@ class QueryLoop(TrioActor):
                     return Terminal(reason="completed"), state  # an API error never reaches stop hooks
                 prevent, blocking = await self._stop_hooks(run, state, messages_for_query, turn)
                 if run.control.abort_reason is not None:
-                    return await self._end_early(run, turn, abort_terminal(True, False)), state
+                    return self._end_early(run, turn, abort_terminal(True, False)), state
                 if prevent is not None:
                     return Terminal(reason="stop_hook_prevented", error=prevent), state
                 if blocking:
@@ -640,7 +657,7 @@ class QueryLoop(TrioActor):
     async def _call_once(self, run: _Run, state: State, messages_for_query: list[TranscriptMessage]) -> _Turn:
         channel = EventChannel[Any](TURN_BUFFER)
         turn = _Turn(channel)
-        run.turn = turn
+        run.turn, run.turn_count = turn, state.turn_count
         if run.control.abort_reason is not None:
             return turn  # aborted before the request: nothing is started
         await self._emit(run, StreamRequestStart())
@@ -664,9 +681,13 @@ class QueryLoop(TrioActor):
         )
         items = channel.items
         with self._phase(run):
-            while not _turn_done(turn):
+            while not _turn_done(turn) and run.terminal is None:
                 if not items:
-                    await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
+                    run.waiting = True
+                    try:
+                        await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
+                    finally:
+                        run.waiting = False
                     continue
                 await self._dispatch(run, turn, channel.take())
         return turn
@@ -695,36 +716,59 @@ class QueryLoop(TrioActor):
         if kind is ProgressEvent or kind is SystemMessage:
             await self._emit(run, item)
         elif kind is AssistantMessage:  # the ModelCaller has given it to the consumer already
-            turn.assistant_messages.append(item)
-            for block in item.content:
-                if block.get("type") == "tool_use":
-                    turn.tool_ids.append(block["id"])
-                    turn.pending.add(block["id"])
+            _note_assistant(turn, item)
             await self._emit(run, item, sent=True)
         elif kind is ConsumerGone:
             run.consumer_open = False  # the consumer went away: that is an abort by the user
             run.abort("user")
         elif kind is ToolResult:
-            await self._deliver(run, turn, item)
+            for message in _accept_result(turn, item):
+                await self._emit(run, message, of_turn=turn)
         elif kind is CallEnded:
-            turn.ended = item
-            self._close_response(turn)
+            record = self._end_call(run, turn, item)
             # The response is whole: make it durable before its tools (which may run long) finish.
             await self._flush_transcript()
-            if item.stop_reason is not None:
-                run.last_stop_reason = item.stop_reason
-                turn.usage_recorded = True
-                record = RecordUsage(model=run.model, usage=item.usage, query_usage=True)
-                run.usage = run.usage + item.usage
-                if run.options.max_budget_usd is None and not self.host_capped:
-                    run.unsettled.append(record)  # no cap to check: settled once, when the query ends
-                    return
-                status: BudgetStatus = await self.budget_guard.ask(record, block=False)
-                run.cost_usd = status.query_cost_usd
-                if status.exceeded:
-                    run.budget_exceeded = True
-                    if not run.ending:
-                        raise _BudgetExceeded
+            if record is None:
+                return
+            if run.options.max_budget_usd is None and not self.host_capped:
+                run.unsettled.append(record)  # no cap to check: settled once, when the query ends
+                return
+            status: BudgetStatus = await self.budget_guard.ask(record, block=False)
+            run.cost_usd = status.query_cost_usd
+            if status.exceeded:
+                run.budget_exceeded = True
+                if not run.ending:
+                    raise _BudgetExceeded
+
+    def _dispatch_in_ending(self, run: _Run, turn: _Turn, item: Any) -> None:
+        """`_dispatch` for what a turn cut short had queued: nothing waits (the ending's events are
+        few, they go past the consumer's bound), and the call's usage is settled with the query."""
+        kind = type(item)
+        if kind is AssistantMessage:
+            _note_assistant(turn, item)
+            self._emit_now(run, item, sent=True)
+        elif kind is ToolResult:
+            for message in _accept_result(turn, item):
+                self._emit_now(run, message, of_turn=turn)
+        elif kind is CallEnded:
+            record = self._end_call(run, turn, item)
+            if record is not None:
+                run.unsettled.append(record)
+        elif kind is ConsumerGone:
+            run.consumer_open = False
+        else:  # progress and system messages produced before the cut
+            self._emit_now(run, item)
+
+    def _end_call(self, run: _Run, turn: _Turn, ended: CallEnded) -> RecordUsage | None:
+        """The call's last item: its response is whole; the usage to record, if it reached its end."""
+        turn.ended = ended
+        self._close_response(turn)
+        if ended.stop_reason is None:
+            return None
+        run.last_stop_reason = ended.stop_reason
+        turn.usage_recorded = True
+        run.usage = run.usage + ended.usage
+        return RecordUsage(model=run.model, usage=ended.usage, query_usage=True)
 
     def _close_response(self, turn: _Turn) -> None:
         """The response has no more blocks: the results held back join the conversation after it."""
@@ -732,17 +776,6 @@ class QueryLoop(TrioActor):
         for message in turn.held_results:
             self._record(message)
         turn.held_results.clear()
-
-    async def _deliver(self, run: _Run, turn: _Turn, result: ToolResult) -> None:
-        if result.tool_use_id not in turn.pending:
-            return  # answered already, or not of this turn
-        turn.pending.discard(result.tool_use_id)
-        turn.tool_results.append(result.message)
-        await self._emit(run, result.message, of_turn=turn)
-        for attachment in result.attachments:
-            turn.tool_results.append(attachment)
-            await self._emit(run, attachment, of_turn=turn)
-        turn.prevent_continuation |= result.prevent_continuation
 
     # -- emission -----------------------------------------------------------------------
 
@@ -754,17 +787,7 @@ class QueryLoop(TrioActor):
         the conversation takes it only after the response's last block (`_close_response`), so
         that the stored history keeps each response whole, followed by its results.
         """
-        if isinstance(event, _TRANSCRIPT_TYPES):
-            if of_turn is not None and not of_turn.response_closed:
-                of_turn.held_results.append(event)
-            else:
-                self._record(event)
-            if type(event) is AssistantMessage:
-                self._note_text(run, event)
-        elif type(event) is TombstoneEvent:
-            self.conversation = [m for m in self.conversation if m.uuid != event.message_uuid]
-            if self.transcript is not None:
-                self.transcript.append(event)
+        self._keep(run, event, of_turn)
         if run.consumer_open and not sent:
             try:
                 run.sink.send_nowait(event)
@@ -777,6 +800,29 @@ class QueryLoop(TrioActor):
                 run.abort("user")
         if run.budget_exceeded and not run.ending:
             raise _BudgetExceeded
+
+    def _emit_now(self, run: _Run, event: Event, *, of_turn: _Turn | None = None, sent: bool = False) -> None:
+        """`_emit` for a query's ending: never waits for the consumer (`EventChannel.push`)."""
+        self._keep(run, event, of_turn)
+        if run.consumer_open and not sent:
+            try:
+                run.sink.push(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False
+
+    def _keep(self, run: _Run, event: Event, of_turn: _Turn | None) -> None:
+        """What emitting `event` does to the conversation (and the log)."""
+        if isinstance(event, _TRANSCRIPT_TYPES):
+            if of_turn is not None and not of_turn.response_closed:
+                of_turn.held_results.append(event)
+            else:
+                self._record(event)
+            if type(event) is AssistantMessage:
+                self._note_text(run, event)
+        elif type(event) is TombstoneEvent:
+            self.conversation = [m for m in self.conversation if m.uuid != event.message_uuid]
+            if self.transcript is not None:
+                self.transcript.append(event)
 
     def _record(self, message: TranscriptMessage) -> None:
         """`message` joins the conversation, and the log in the same order."""
@@ -801,40 +847,66 @@ class QueryLoop(TrioActor):
 
     # -- endings ------------------------------------------------------------------------
 
-    async def _end_early(self, run: _Run, turn: _Turn | None, reason: Any) -> Terminal:
-        """Abort or budget: stop the call and the tools, answer every tool_use, say why."""
+    def _end_now(self, run: _Run) -> None:
+        """An abort found the loop waiting on its turn: end the query inside the abort's own call.
+
+        Run once the abort's handlers have returned (`after_handlers`), before any task runs:
+        the turn is ended exactly as the loop's task would end it (`_end_early`), and where
+        nothing has to be awaited first (no transcript to flush, the BudgetGuard answering at
+        once) the `result` follows. The consumer then has it one scheduler pass sooner than if the
+        loop's task had to wake up to write it; that task, when it runs, finds the query ended
+        and only stops the helpers and ends the stream (or sends the result, if it is left).
+        """
+        turn = run.turn
+        if self._run is not run or not run.waiting or run.ending or turn is None:
+            return
+        # What reached the turn before the abort counts, as it would for the task (woken by it, it takes
+        # it all before its next wait, where the cancellation lands): it decides how the turn ends.
+        channel = turn.channel
+        while channel.items:
+            self._dispatch_in_ending(run, turn, channel.take())
+        run.terminal = self._end_early(run, turn, abort_terminal(turn.ended is not None, bool(turn.tool_ids)))
+        run.control.decided = True
+        if self.transcript is not None:
+            return
+        totals = self._settle(run)
+        if totals.done():
+            self._send_outcome(run, run.terminal, run.turn_count, totals.get_nowait())
+
+    def _end_early(self, run: _Run, turn: _Turn | None, reason: Any) -> Terminal:
+        """Abort or budget: stop the call and the tools, answer every tool_use, say why. Never waits."""
         run.ending = True
         interrupted = reason in ("aborted_streaming", "aborted_tools")
         text = INTERRUPTED_BY_USER if interrupted else "Stopped: the query's budget is spent"
-        # Stop every helper and take the tools' remaining results now: a tool cut by the abort has no
-        # result to wait for, and RemainingResults is answered while the tools unwind (urgent lane).
-        # The helpers' unwinding is awaited before the stream ends (`_query`), not before the result:
-        # nothing they do while unwinding reaches the consumer.
+        # Stop every helper now: a tool's result is in the turn channel as soon as it has finished, so
+        # what is not there has none to wait for. Their unwinding is awaited before the stream ends
+        # (`_query`), not before the result: nothing they do while unwinding reaches the consumer.
         if not run.helpers_aborted:
             self._stop_workers_soon()
         if turn is not None:
             turn.progress.cut = True  # whatever step the call's task still takes, it reaches no one
-            remaining = self.executor.ask(RemainingResults(text=text), block=False)
-            await self._collect_remaining(run, turn, text, remaining)
+            self._collect_remaining(run, turn, text)
         if interrupted and run.control.abort_reason != "interrupt":
             note = INTERRUPT_MESSAGE_FOR_TOOL_USE if reason == "aborted_tools" else INTERRUPT_MESSAGE
-            await self._emit(run, UserMessage(content=[{"type": "text", "text": note}]))
+            self._emit_now(run, UserMessage(content=[{"type": "text", "text": note}]))
         return Terminal(reason=reason)
 
     async def _model_error(self, run: _Run, turn: _Turn, error: ModelError) -> Terminal:
         run.ending = True
-        await self._collect_remaining(run, turn, f"Error: {error.message}")
+        if turn.pending:
+            self._stop_workers_soon()  # the tools the failed response started stop now
+        self._collect_remaining(run, turn, f"Error: {error.message}")
         text = error.message if error.kind == "image_size" else f"API Error: {error.message}"
         await self._surface(run, api_error_message(run.model, text))
         if error.kind == "image_size":
             return Terminal(reason="image_error", error=text)
         return Terminal(reason="model_error", error=text)
 
-    async def _collect_remaining(self, run: _Run, turn: _Turn, text: str, remaining: Future[Any] | None = None) -> None:
-        """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic."""
+    def _collect_remaining(self, run: _Run, turn: _Turn, text: str) -> None:
+        """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic (`text`)."""
         channel = turn.channel
         while channel.items:
-            await self._dispatch(run, turn, channel.take())
+            self._dispatch_in_ending(run, turn, channel.take())
         self._close_response(turn)  # cut short: no more blocks will come
         streamed = turn.progress.usage()
         if not turn.usage_recorded and streamed is not None:
@@ -842,15 +914,10 @@ class QueryLoop(TrioActor):
             turn.usage_recorded = True
             run.usage = run.usage + streamed
             run.unsettled.append(RecordUsage(model=run.model, usage=streamed, query_usage=True))
-        if remaining is None and turn.pending:
-            remaining = self.executor.ask(RemainingResults(text=text), block=False)
-        if remaining is not None:
-            for result in await remaining:
-                await self._deliver(run, turn, result)
         for message in missing_tool_results(turn.assistant_messages, turn.tool_results, text):
             turn.tool_results.append(message)
-            turn.pending.clear()
-            await self._emit(run, message)
+            self._emit_now(run, message)
+        turn.pending.clear()
 
     async def _stop_workers(self) -> None:
         """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it."""
@@ -866,7 +933,18 @@ class QueryLoop(TrioActor):
             if cast("TrioActorRef[Any]", worker).busy()
         ]
 
-    async def _send_outcome(self, run: _Run, terminal: Terminal, state: State) -> None:
+    def _settle(self, run: _Run) -> TrioFuture[BudgetStatus]:
+        """Ask the BudgetGuard for the query's totals, once (it records the `unsettled` calls then).
+
+        The BudgetGuard holds the totals (summaries and compactions report their cost to it). Asked
+        where no handler runs (the loop's task, `_end_now`), it answers before `ask` returns."""
+        if run.settling is None:
+            run.settling = self.budget_guard.ask(SettleQuery(calls=run.unsettled), block=False)  # type: ignore[assignment]
+        assert run.settling is not None
+        return run.settling
+
+    def _send_outcome(self, run: _Run, terminal: Terminal, turn_count: int, totals: BudgetStatus) -> None:
+        """`Settled`, then the `result`: the query's last events."""
         reason = terminal.reason
         errors: list[str] = []
         if reason == "max_turns":
@@ -875,9 +953,6 @@ class QueryLoop(TrioActor):
             errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
         elif terminal.error:
             errors.append(terminal.error)
-        # The BudgetGuard holds the query's totals (summaries and compactions report their cost to it);
-        # its answer comes back without a task switch: its handler runs as soon as it is asked.
-        totals: BudgetStatus = await self.budget_guard.ask(SettleQuery(calls=run.unsettled), block=False)
         run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
         result = ResultMessage(
             subtype=result_subtype(reason),
@@ -887,23 +962,17 @@ class QueryLoop(TrioActor):
             stop_reason=run.last_stop_reason,
             total_cost_usd=run.cost_usd,
             usage=run.usage,
-            num_turns=terminal.turn_count or state.turn_count,
+            num_turns=turn_count,
             errors=errors,
         )
         run.ending = True
         if run.consumer_open:
-            settled = Settled(terminal=terminal, transitions=list(run.transitions))
             try:
-                run.sink.send_nowait(settled)
-            except trio.WouldBlock:
-                try:
-                    with trio.CancelScope(shield=True):
-                        await run.sink.send(settled)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    run.consumer_open = False
+                run.sink.push(Settled(terminal=terminal, transitions=list(run.transitions)))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 run.consumer_open = False
-        await self._emit(run, result)
+        self._emit_now(run, result)
+        run.outcome_sent = True
 
     # -- hooks and attachments -----------------------------------------------------------
 
@@ -1008,3 +1077,23 @@ def _turn_done(turn: _Turn) -> bool:
     if ended is None:
         return False
     return not turn.pending or ended.error is not None or ended.fallback
+
+
+def _note_assistant(turn: _Turn, message: AssistantMessage) -> None:
+    """A block of the turn's response has arrived: its tool_use (if any) now awaits a result."""
+    turn.assistant_messages.append(message)
+    for block in message.content:
+        if block.get("type") == "tool_use":
+            turn.tool_ids.append(block["id"])
+            turn.pending.add(block["id"])
+
+
+def _accept_result(turn: _Turn, result: ToolResult) -> list[TranscriptMessage]:
+    """A tool's answer joins the turn, once: what to emit (its result, then its attachments)."""
+    if result.tool_use_id not in turn.pending:
+        return []  # answered already, or not of this turn
+    turn.pending.discard(result.tool_use_id)
+    turn.prevent_continuation |= result.prevent_continuation
+    messages: list[TranscriptMessage] = [result.message, *result.attachments]
+    turn.tool_results.extend(messages)
+    return messages

@@ -6,12 +6,13 @@ concurrency-safe; a queued unsafe tool blocks the queue behind it, so unsafe
 tools run alone and in order. Each tool is abortable work of this actor, under
 its own cancel scope (for `Discard`) and its own timeout.
 
-Results (and progress) go to the turn channel as they complete. Every path
+Results (and progress) go to the turn channel as they complete: a result at
+once, past the channel's bound (one per tool: it never waits, so a finished
+tool's result is always in the channel), progress with backpressure. Every path
 answers a `tool_use` exactly once: an unknown tool, input that fails
 validation or was cut off, a denied permission, an exception or a timeout each
-give an `is_error` result wrapped in `<tool_use_error>`. After an abort,
-`RemainingResults` answers every tool whose result the loop has not received:
-the real result where the tool had finished, a synthetic error otherwise.
+give an `is_error` result wrapped in `<tool_use_error>`. An abort cancels every
+unfinished tool; the loop answers those with synthetic errors itself.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from runtime.actor import TrioActor
 from runtime.events import AttachmentMessage, Block, ProgressEvent, UserMessage
 from runtime.flow import EventChannel
 from runtime.hooks import PostToolUseHook, PostToolUseInput
-from runtime.messages import CarrierMessage, Message, SupervisorMessage
+from runtime.messages import CarrierMessage, Message
 from runtime.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
 from runtime.transcript import tool_error, tool_result_message
 
@@ -53,14 +54,6 @@ class Discard(Message):
     """Fallback: the response is retracted; cancel its tools and drop their results."""
 
 
-class RemainingResults(SupervisorMessage):
-    """After an abort: every result the loop has not received, synthetic (`text`) where none exists.
-
-    Part of the abort protocol, so on the urgent lane: answered while the aborted tools unwind."""
-
-    text: str
-
-
 class ToolResult(Message):
     """A tool's answer, sent to the turn channel."""
 
@@ -70,7 +63,7 @@ class ToolResult(Message):
     prevent_continuation: bool = False
 
 
-Status = Literal["queued", "executing", "completed", "delivered", "discarded"]
+Status = Literal["queued", "executing", "delivered", "discarded"]
 
 
 @dataclass(slots=True)
@@ -79,9 +72,8 @@ class _Entry:
     input_error: str | None
     safe: bool
     status: Status = "queued"
-    result: ToolResult | None = None
     scope: trio.CancelScope | None = None
-    """The scope its work runs under, once started (`Discard` and `RemainingResults` cancel it alone)."""
+    """The scope its work runs under, once started (`Discard` cancels it alone)."""
 
     @property
     def id(self) -> str:
@@ -100,8 +92,6 @@ class StreamingToolExecutor(TrioActor):
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, AddTool):
             return self._add(message)
-        if isinstance(message, RemainingResults):
-            return self._remaining(message.text)
         if isinstance(message, Discard):
             return self._discard()
         return super().on_receive(message)
@@ -134,37 +124,21 @@ class StreamingToolExecutor(TrioActor):
 
     def _discard(self) -> None:
         for entry in self._entries:
-            if entry.status in ("queued", "executing", "completed"):
+            if entry.status in ("queued", "executing"):
                 entry.status = "discarded"
                 if entry.scope is not None:
                     entry.scope.cancel()
         self._entries = []
-
-    def _remaining(self, text: str) -> list[ToolResult]:
-        remaining = []
-        for entry in self._entries:
-            if entry.status in ("delivered", "discarded"):
-                continue
-            if entry.scope is not None:
-                entry.scope.cancel()
-            result = entry.result or ToolResult(
-                tool_use_id=entry.id, message=tool_result_message(entry.id, text, is_error=True)
-            )
-            entry.status = "delivered"
-            remaining.append(result)
-        return remaining
 
     # -- running one tool -------------------------------------------------------------------
 
     async def _execute(self, entry: _Entry, turn: BeginTurn) -> None:
         result = await self._run(entry, turn)
         if entry.status != "executing":
-            return  # discarded or answered by RemainingResults meanwhile
-        entry.result, entry.status = result, "completed"
+            return  # discarded meanwhile
+        entry.status = "delivered"
+        turn.sink.push(result)
         self._process_queue()
-        await turn.sink.send(result)
-        if entry.status == "completed":
-            entry.status = "delivered"
 
     async def _run(self, entry: _Entry, turn: BeginTurn) -> ToolResult:
         block = entry.block

@@ -14,6 +14,10 @@ the mail queued before it) has returned. Invariants:
 * **Gates**: an actor that is not started yet gets nothing delivered; one that is
   aborting or stopping (waiting for its work to unwind) only its urgent lane.
   Mail waits in the inbox meanwhile and flows again when the gate opens.
+* **After the handlers**: `after_handlers(fn)` runs `fn` once no handler is running
+  (at once if none is; else when the mail queued meanwhile has been handled too).
+  There, as in work, an ask to an idle actor whose handler returns at once is
+  answered before `ask` returns.
 * **Threads**: `put` from the inbox's own trio thread queues directly; from any
   other thread it is handed to that thread through the `TrioToken`, so an inbox
   and its dispatcher are only ever touched on their trio thread.
@@ -38,6 +42,8 @@ from trio.lowlevel import TrioToken, current_trio_token
 from runtime.messages import SupervisorMessage
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pykka._envelope import Envelope
 
     from runtime._future import TrioFuture
@@ -54,12 +60,13 @@ OPEN = 2
 class Dispatcher:
     """Runs the handlers of every actor of one trio thread, one message at a time."""
 
-    __slots__ = ("_ready", "_running", "current")
+    __slots__ = ("_after", "_ready", "_running", "current")
 
     _local = threading.local()
 
     def __init__(self) -> None:
         self._ready: deque[PriorityInbox] = deque()
+        self._after: deque[Callable[[], None]] = deque()
         self._running = False
         self.current: TrioActor | None = None
         """The actor whose handler is running now (None between handlers)."""
@@ -77,6 +84,13 @@ class Dispatcher:
         self._ready.append(inbox)
         if not self._running:
             self._run()
+
+    def after_handlers(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` once no handler is running: now, or when the current run of handlers ends."""
+        if self._running:
+            self._after.append(fn)
+        else:
+            fn()
 
     def _run(self) -> None:
         self._running = True
@@ -97,6 +111,9 @@ class Dispatcher:
             if ready:
                 # Only a BaseException (KeyboardInterrupt) gets here with mail left: go on later.
                 current_trio_token().run_sync_soon(self._resume)
+        after = self._after
+        while after and not self._running:
+            after.popleft()()  # each routes its own errors (`TrioActor.after_handlers`)
 
     def _resume(self) -> None:
         if self._ready and not self._running:

@@ -203,6 +203,24 @@ class TrioActor(pykka.Actor):
     def on_abort(self, reason: AbortReason) -> None:
         """Called on `Abort`, before the actor's work is cancelled. Override to record what was cut."""
 
+    def after_handlers(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` on the trio thread as soon as no handler is running (at once if none is).
+
+        For a handler whose follow-up must ask other actors and use their answers before any
+        task runs: there, as in work, an ask to an idle actor whose handler returns at once is
+        answered before `ask` returns. An error in `fn` crashes this actor.
+        """
+
+        def guarded() -> None:
+            if self._state >= _STOPPING:
+                return
+            try:
+                fn()
+            except Exception as error:  # noqa: BLE001 - a crash of this actor, reported to its supervisor
+                self._crash(error)
+
+        self.actor_inbox._dispatcher.after_handlers(guarded)  # type: ignore[attr-defined]  # noqa: SLF001
+
     def start_work(
         self, async_fn: Callable[..., Awaitable[Any]], *args: Any, abortable: bool = True
     ) -> trio.CancelScope:

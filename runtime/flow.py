@@ -10,6 +10,10 @@ are schedule points even when the item could move at once. Here:
 * `send_nowait` appends, or raises `trio.WouldBlock` when the buffer is full;
   `send` waits for room only then (cancellable, or shielded by the caller), and
   blocked senders' items enter the buffer in the order they were sent.
+* `push` appends past the bound, never waiting (after the items of blocked senders,
+  which it lets in first: what was sent earlier is received earlier): for items whose
+  number is bounded by construction (a turn's tool results, a query's ending), which
+  must neither wait for the consumer nor be dropped.
 * One consumer: it reads the buffer `items` and `take()`s from it, and calls
   `wait()` only on an empty buffer: a burst costs one wakeup and no call per item
   to wait.
@@ -58,6 +62,23 @@ class EventChannel(Generic[T]):
             raise trio.ClosedResourceError
         if len(self.items) >= self.max_buffer:
             raise trio.WouldBlock
+        self.items.append(item)
+        receiver = self._receiver
+        if receiver is not None:
+            self._receiver = None
+            reschedule(receiver)
+
+    def push(self, item: T) -> None:
+        """Append `item` even past `max_buffer` (see the module's note: only for a bounded number of items)."""
+        if self._receiver_gone:
+            raise trio.BrokenResourceError
+        if self._closed:
+            raise trio.ClosedResourceError
+        waiting = self._waiting_senders
+        while waiting:
+            task, queued = waiting.popleft()
+            self.items.append(queued)
+            reschedule(task)
         self.items.append(item)
         receiver = self._receiver
         if receiver is not None:

@@ -116,3 +116,38 @@ async def test_a_waiting_receiver_is_cancellable_and_wakes_at_close() -> None:
 def test_a_channel_needs_room_for_one_item() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         EventChannel[int](0)
+
+
+async def test_push_goes_past_the_bound_without_waiting_and_wakes_the_consumer() -> None:
+    channel = EventChannel[str](1)
+    channel.send_nowait("a")
+    got: list[str] = []
+
+    async def consume() -> None:
+        while await channel.wait():
+            got.append(channel.take())
+
+    async with trio.open_nursery() as nursery:
+        channel.push("b")  # the buffer is full: a send would wait, a push does not
+        assert list(channel.items) == ["a", "b"]
+        nursery.start_soon(consume)
+        await trio.testing.wait_all_tasks_blocked()
+        channel.push("c")  # wakes the waiting consumer
+        await trio.testing.wait_all_tasks_blocked()
+        channel.close()
+    assert got == ["a", "b", "c"]
+    gone = EventChannel[str](1)
+    gone.close_receiver()
+    with pytest.raises(trio.BrokenResourceError):
+        gone.push("x")
+
+
+async def test_push_lets_blocked_senders_in_first_so_order_is_kept() -> None:
+    channel = EventChannel[str](1)
+    channel.send_nowait("a")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.send, "b")
+        await trio.testing.wait_all_tasks_blocked()  # "b" waits for room
+        channel.push("last")
+        assert list(channel.items) == ["a", "b", "last"]
+        await trio.testing.wait_all_tasks_blocked()  # the sender of "b" has returned: its send is done

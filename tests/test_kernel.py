@@ -531,3 +531,53 @@ async def test_mail_queued_behind_a_handler_that_raises_a_base_exception_is_stil
         assert handled == []  # queued behind the handler that raised
         await trio.testing.wait_all_tasks_blocked()
         assert handled == ["first", "second"]  # delivered on the trio thread's next turn, in order
+
+
+async def test_after_handlers_runs_once_the_handlers_have_returned_and_asks_there_are_answered_at_once() -> None:
+    order: list[str] = []
+
+    class Follower(TrioActor):
+        def __init__(self, peer: ActorRef[Recorder]) -> None:
+            super().__init__()
+            self.peer = peer
+
+        def on_receive(self, message: Any) -> None:
+            order.append(f"in {message}")
+            self.after_handlers(self.follow_up)
+            if message == "go":
+                self.actor_ref.tell("queued meanwhile")
+            order.append(f"out {message}")
+
+        def follow_up(self) -> None:
+            answer: TrioFuture[Any] = self.peer.ask("question", block=False)  # type: ignore[assignment]
+            order.append(f"after: answered={answer.done()}")  # no handler runs: the peer answered inside ask
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        follower = group.spawn(Follower, group.spawn(Recorder))
+        follower.tell("go")
+        # The follow-ups run after the handler and the mail it queued, each once no handler runs.
+        assert order == [
+            "in go",
+            "out go",
+            "in queued meanwhile",
+            "out queued meanwhile",
+            "after: answered=True",
+            "after: answered=True",
+        ]
+
+
+async def test_an_error_in_an_after_handlers_call_crashes_the_actor_not_the_caller() -> None:
+    class Faulty(TrioActor):
+        def on_receive(self, message: Any) -> None:
+            def fail() -> None:
+                raise ValueError("follow-up failed")
+
+            self.after_handlers(fail)
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        group.spawn(Faulty).tell("go")  # the error does not come back through tell
+        await group.wait_closed()
+        assert isinstance(group.failure, ActorCrashed)
+        assert isinstance(group.failure.error, ValueError)

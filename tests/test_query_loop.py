@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -21,6 +22,7 @@ from runtime.events import (
     AssistantMessage,
     AttachmentMessage,
     ProgressEvent,
+    ResultMessage,
     StreamEvent,
     SystemMessage,
     TombstoneEvent,
@@ -29,10 +31,11 @@ from runtime.events import (
 from runtime.hooks import HookDecision, PostToolUseInput, StopHookInput
 from runtime.model import ModelRequest
 from runtime.options import QueryOptions
+from runtime.persistence import load_transcript
 from runtime.pricing import Pricing
 from runtime.scripted import ScriptedModel
 from runtime.state import MAX_OUTPUT_TOKENS_RECOVERY_TEXT
-from runtime.tools import Allow, Deny
+from runtime.tools import Allow, Deny, Tool, ToolOutput
 from runtime.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPT_MESSAGE_FOR_TOOL_USE,
@@ -1107,3 +1110,58 @@ async def test_closing_the_runtime_aborts_and_drains_every_running_query(
         results = [b for e in events if isinstance(e, UserMessage) and isinstance(e.content, list) for b in e.content]
         assert results[0]["tool_use_id"] == "t1" and results[0]["content"] == INTERRUPTED_BY_USER
     assert trio.current_time() < 10
+
+
+async def test_an_abort_while_the_loop_waits_on_its_turn_ends_the_query_inside_the_abort_call() -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([tools_reply(tool_use("t1", "slow")), text_reply()])
+        session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=3600)])
+        handle = session.query("go")
+        seen = []
+        async for event in handle:
+            seen.append(event)
+            if isinstance(event, StreamEvent) and event.event["type"] == "message_stop":
+                break
+        await trio.testing.wait_all_tasks_blocked()  # the tool runs; the loop waits on its turn
+        session.abort_nowait("user")
+        # No task has run since the abort: what the consumer can take now was written by the abort's call.
+        ready = list(handle._events.items)
+        assert isinstance(ready[-1], ResultMessage) and ready[-1].subtype == "error_during_execution"
+        assert session.live_tasks() > 0  # the cancelled tool still has to unwind: the stream has not ended
+        rest = [event async for event in handle]
+        assert session.live_tasks() == 0  # the stream ends once it has
+        ran = Ran(session, handle, [*seen, *rest], model)
+        assert ran.reason == "aborted_tools"
+        assert ran.tool_results()["t1"]["content"] == INTERRUPTED_BY_USER
+        assert ran.texts_of_user_events()[-1] == INTERRUPT_MESSAGE_FOR_TOOL_USE
+        await assert_settled(ran)
+
+
+async def test_an_abort_with_a_transcript_sends_the_result_only_once_the_log_is_flushed(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+
+    async def slow(_: Any, ctx: Any) -> ToolOutput:
+        await trio.sleep(0.01)
+        await ctx.progress("working")  # reaches the consumer after the response's flush: the loop is waiting
+        await trio.sleep(3600)
+        return "never"
+
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([tools_reply(tool_use("t1", "slow")), text_reply()])
+        options = QueryOptions(provider=model, tools=[Tool(name="slow", call=slow)])
+        session = await runtime.open_session(options, transcript=path)
+        handle = session.query("go")
+        async for event in handle:
+            if isinstance(event, ProgressEvent):
+                break
+        await trio.testing.wait_all_tasks_blocked()
+        session.abort_nowait("user")
+        ready = list(handle._events.items)
+        assert ready and not any(isinstance(item, ResultMessage) for item in ready)  # the flush comes first
+        async for event in handle:
+            if isinstance(event, ResultMessage):
+                on_disk = load_transcript(path).messages
+                assert on_disk == await session.transcript()  # all of it, the interruption included
+                assert transcript_problems(on_disk) == []
+        assert handle.terminal is not None and handle.terminal.reason == "aborted_tools"
+        await session.close()
