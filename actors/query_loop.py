@@ -740,24 +740,27 @@ class QueryLoop(TrioActor):
                 if not run.ending:
                     raise _BudgetExceeded
 
-    def _dispatch_in_ending(self, run: _Run, turn: _Turn, item: Any) -> None:
-        """`_dispatch` for what a turn cut short had queued: nothing waits (the ending's events are
+    def _drain_in_ending(self, run: _Run, turn: _Turn) -> None:
+        """`_dispatch` for what a turn cut short has queued: nothing waits (the ending's events are
         few, they go past the consumer's bound), and the call's usage is settled with the query."""
-        kind = type(item)
-        if kind is AssistantMessage:
-            _note_assistant(turn, item)
-            self._emit_now(run, item, sent=True)
-        elif kind is ToolResult:
-            for message in _accept_result(turn, item):
-                self._emit_now(run, message, of_turn=turn)
-        elif kind is CallEnded:
-            record = self._end_call(run, turn, item)
-            if record is not None:
-                run.unsettled.append(record)
-        elif kind is ConsumerGone:
-            run.consumer_open = False
-        else:  # progress and system messages produced before the cut
-            self._emit_now(run, item)
+        channel = turn.channel
+        while channel.items:
+            item = channel.take()
+            kind = type(item)
+            if kind is AssistantMessage:
+                _note_assistant(turn, item)
+                self._emit_now(run, item, sent=True)
+            elif kind is ToolResult:
+                for message in _accept_result(turn, item):
+                    self._emit_now(run, message, of_turn=turn)
+            elif kind is CallEnded:
+                record = self._end_call(run, turn, item)
+                if record is not None:
+                    run.unsettled.append(record)
+            elif kind is ConsumerGone:
+                run.consumer_open = False
+            else:  # progress and system messages produced before the cut
+                self._emit_now(run, item)
 
     def _end_call(self, run: _Run, turn: _Turn, ended: CallEnded) -> RecordUsage | None:
         """The call's last item: its response is whole; the usage to record, if it reached its end."""
@@ -862,9 +865,7 @@ class QueryLoop(TrioActor):
             return
         # What reached the turn before the abort counts, as it would for the task (woken by it, it takes
         # it all before its next wait, where the cancellation lands): it decides how the turn ends.
-        channel = turn.channel
-        while channel.items:
-            self._dispatch_in_ending(run, turn, channel.take())
+        self._drain_in_ending(run, turn)
         run.terminal = self._end_early(run, turn, abort_terminal(turn.ended is not None, bool(turn.tool_ids)))
         run.control.decided = True
         if self.transcript is not None:
@@ -904,9 +905,7 @@ class QueryLoop(TrioActor):
 
     def _collect_remaining(self, run: _Run, turn: _Turn, text: str) -> None:
         """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic (`text`)."""
-        channel = turn.channel
-        while channel.items:
-            self._dispatch_in_ending(run, turn, channel.take())
+        self._drain_in_ending(run, turn)
         self._close_response(turn)  # cut short: no more blocks will come
         streamed = turn.progress.usage()
         if not turn.usage_recorded and streamed is not None:
