@@ -238,9 +238,16 @@ class ModelCaller(TrioActor):
         message = AssistantMessage(
             message_id=assembler.message_id, model=call.request.model, content=[completed.block], usage=assembler.usage
         )
-        # The consumer first, then the loop, without a checkpoint in between while the turn channel has room
-        # (it carries a few items per block, and the loop drains it): an abort cannot come between the two.
-        await self._emit(call, message)
+        # The consumer first, then the loop, without a checkpoint in between: an abort cannot come between the
+        # two. So the message never waits for the consumer (one per block past the bound: its stream events
+        # wait): a consumer must not hold a tool_use the loop has not seen, which no abort would answer.
+        progress = call.progress
+        if not progress.consumer_gone:
+            try:
+                call.events.push(message)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                progress.consumer_gone = True
+                await call.sink.send(ConsumerGone())
         try:
             call.sink.send_nowait(message)
         except trio.WouldBlock:

@@ -12,8 +12,9 @@ are schedule points even when the item could move at once. Here:
   blocked senders' items enter the buffer in the order they were sent.
 * `push` appends past the bound, never waiting (after the items of blocked senders,
   which it lets in first: what was sent earlier is received earlier): for items whose
-  number is bounded by construction (a turn's tool results, a query's ending), which
-  must neither wait for the consumer nor be dropped.
+  number is bounded by construction (a response's block messages, whose stream events
+  wait; a turn's tool results; a query's ending), which must neither wait for the
+  consumer nor be dropped.
 * One consumer: it reads the buffer `items` and `take()`s from it, and calls
   `wait()` only on an empty buffer: a burst costs one wakeup and no call per item
   to wait.

@@ -1165,3 +1165,28 @@ async def test_an_abort_with_a_transcript_sends_the_result_only_once_the_log_is_
                 assert transcript_problems(on_disk) == []
         assert handle.terminal is not None and handle.terminal.reason == "aborted_tools"
         await session.close()
+
+
+async def test_an_abort_while_a_slow_consumer_holds_the_stream_back_answers_every_tool_use_it_saw() -> None:
+    # With room for one event, the stream waits for the consumer at every step; the abort comes after
+    # each number of events read in turn, so it finds the stream stopped at each of its steps once.
+    async with Runtime.open() as runtime:
+        for read_before_abort in range(1, 16):
+            model = ScriptedModel([tools_reply(tool_use("t1", "slow"), tool_use("t2", "slow"), text="Reading.")])
+            session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=3600)], event_buffer=1)
+            handle = session.query("go")
+            events = []
+            async for event in handle:
+                events.append(event)
+                if len(events) == read_before_abort:
+                    break
+            await trio.testing.wait_all_tasks_blocked()
+            session.abort_nowait("user")
+            events += [event async for event in handle]
+            ran = Ran(session, handle, events, model)
+            seen_uses = [
+                b["id"] for e in events if isinstance(e, AssistantMessage) for b in e.content if b["type"] == "tool_use"
+            ]
+            assert sorted(ran.tool_results()) == sorted(seen_uses), read_before_abort
+            await assert_settled(ran)
+            await session.close()
