@@ -28,6 +28,11 @@ a second task aborts the query at a random offset (0-10 s) with reason `user` or
 A tool result emitted between two blocks of its own response (a fast tool, a slow stream) is
 counted as a statistic: the transcript must stay valid then too (it once split the response).
 
+With a slow consumer (room for 1-3 events, a pause after each), the stream waits for it at
+nearly every step and the abort comes at any of those waits: every tool_use the consumer saw is
+answered once, and the conversation holds exactly the messages the consumer saw (it once saw a
+tool_use the loop had not, which no abort answered).
+
 Profiles: `ci` (200 examples, the default), `nightly` (2,000) and `dev` (30); the environment
 variable `QUERYLOOP_HYPOTHESIS_PROFILE` picks one. They apply to this module's property tests
 only, so the other modules' hypothesis tests keep their own settings.
@@ -47,7 +52,16 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from runtime import Runtime
-from runtime.events import AssistantMessage, QueryEvent, ResultMessage, StreamEvent, TranscriptMessage, UserMessage
+from runtime.events import (
+    AssistantMessage,
+    AttachmentMessage,
+    QueryEvent,
+    ResultMessage,
+    StreamEvent,
+    SystemMessage,
+    TranscriptMessage,
+    UserMessage,
+)
 from runtime.options import QueryOptions
 from runtime.scripted import ScriptedModel
 from runtime.session import QueryHandle, Session
@@ -713,3 +727,77 @@ def test_results_arriving_between_blocks_of_one_response_keep_the_transcript_val
     check_history_keeps_results(observed, tolerated=set())  # gamma's "ok:gamma" reaches the next query
     assert transcript_problems(observed.transcript) == []
     check(case, observed)
+
+
+# -- a slow consumer --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlowConsumerCase:
+    case: Case
+    event_buffer: int
+    """Room for this many events: the stream waits for the consumer at nearly every step."""
+    read_delay_ms: int
+    """The consumer's pause after each event it takes."""
+
+
+slow_consumer_cases = st.builds(
+    SlowConsumerCase, case=cases, event_buffer=st.integers(1, 3), read_delay_ms=milliseconds(1, 3)
+)
+
+
+async def _run_slow(slow: SlowConsumerCase) -> tuple[Observed, set[str]]:
+    case = slow.case
+    observed = Observed()
+    model = ScriptedModel(list(case.script))
+    with trio.fail_after(HANG_S):
+        async with Runtime.open() as runtime:
+            options = QueryOptions(
+                provider=model,
+                tools=[_make_tool(spec) for spec in case.tools],
+                max_retries=case.max_retries,
+                event_buffer=slow.event_buffer,
+            )
+            session = await runtime.open_session(options)
+            handle = session.query("first")
+
+            async def consume() -> None:
+                async for event in handle:
+                    observed.events.append(event)
+                    await trio.sleep(slow.read_delay_ms / 1000)
+                observed.live_tasks_at_end = session.live_tasks()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consume)
+                if case.abort is not None:
+                    await trio.sleep(case.abort.offset_s)
+                    await session.abort(case.abort.reason)
+            observed.terminal, observed.result = handle.terminal, handle.result
+            observed.transcript = await session.transcript()
+    prompt_uuid = observed.transcript[0].uuid if observed.transcript else ""
+    return observed, {m.uuid for m in observed.transcript} - {prompt_uuid}
+
+
+@PROFILE
+@given(slow=slow_consumer_cases)
+def test_a_slow_consumer_sees_what_the_conversation_holds_whenever_the_abort_comes(slow: SlowConsumerCase) -> None:
+    """Backpressure everywhere: the stream waits for the consumer, the abort comes at any of those waits."""
+    observed, conversation = trio.run(_run_slow, slow, clock=trio.testing.MockClock(autojump_threshold=0))
+    labels = [e.label for e in observed.events]
+    assert labels.count("result") == 1 and labels[-1] == "result", labels
+    assert observed.live_tasks_at_end == 0, "a task of the session outlived the query's event stream"
+    uses = {
+        block["id"]
+        for event in observed.events
+        if isinstance(event, AssistantMessage)
+        for block in event.content
+        if block.get("type") == "tool_use"
+    }
+    assert uses == _tool_results(observed.events).keys(), "every tool_use the consumer saw, answered once"
+    seen = {
+        e.uuid
+        for e in observed.events
+        if isinstance(e, (UserMessage, AssistantMessage, SystemMessage, AttachmentMessage))
+    }
+    assert seen == conversation, "the conversation is what the consumer saw"
+    assert transcript_problems(observed.transcript) == []
