@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="loops each slot runs back to back in a round (default: at least 5, and 2,000 aborts in all)",
     )
     parser.add_argument("--plot", metavar="FILE.png", help="draw the abort-latency CDF of both")
+    parser.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="start every slot in the same instant (with --loops-per-slot 1: C loops whose steps coincide)",
+    )
 
 
 Slot = tuple[float, list[float]]
@@ -57,10 +62,11 @@ def moments(args: argparse.Namespace, seed: int) -> list[Slot]:
     """Per slot: when it starts, and for each of its loops in turn when, after that loop's start, it is aborted."""
     life = (3 * args.model_ms + 2 * args.tool_ms) / 1000
     rng = random.Random(seed)
-    return [
+    slots = [
         (rng.uniform(0, life), [rng.uniform(0, life) for _ in range(args.loops_per_slot)])
         for _ in range(args.concurrency)
     ]
+    return [(0.0, delays) for _, delays in slots] if args.lockstep else slots
 
 
 async def runtime_run(args: argparse.Namespace, slots: list[Slot]) -> dict[str, Any]:
@@ -178,6 +184,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     b50, b99 = percentile(base, 0.5) * 1e3, percentile(base, 0.99) * 1e3
     ratio = p99 / b99 if b99 else float("inf")
     load = f"{args.concurrency} loops at once, {args.loops_per_slot} after one another in each slot"
+    load += ", all slots started together" if args.lockstep else ""
     print(f"abort under load: {load}, model {args.model_ms} ms, tools {args.tool_ms} ms, {rounds} rounds")
     print(f"  baseline : abort p50 {b50:7.2f} ms  p99 {b99:7.2f} ms  ({len(base)} aborted before their end)")
     print(f"  runtime  : abort p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  ({len(lat)} aborted before their end)")
@@ -192,6 +199,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "model_ms": args.model_ms,
         "tool_ms": args.tool_ms,
         "loops_per_slot": args.loops_per_slot,
+        "lockstep": args.lockstep,
         "abort_p50_ms": round(p50, 3),
         "abort_p99_ms": round(p99, 3),
         "baseline_abort_p50_ms": round(b50, 3),
