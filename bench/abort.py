@@ -1,11 +1,12 @@
 """Abort under load: C loops at once, each aborted at a uniform random moment of its life.
 
 The load is closed: C slots, each running loops of workload W back to back, a new loop starting
-as soon as the previous one's stream has ended, so exactly C loops are alive at every moment.
-The slots start at seeded moments spread over one loop life, as a host's loops do not all start
-in the same instant; from then on the random abort moments keep their phases apart. (Started in
-lockstep, C=50 loops would reach every step of W in the same instant: a burst that saturates the
-scheduler for milliseconds, in which even the baseline's abort p99 exceeds 2 ms.)
+as soon as the previous one's stream has ended, so once every slot has started exactly C loops are
+alive at every moment. The slots start at seeded moments spread over one loop life, as a host's
+loops do not all start in the same instant; from then on the random abort moments keep their
+phases apart. `--lockstep` starts them all at once instead: C=50 loops then reach every step of W
+in the same instant, a burst that saturates the scheduler for milliseconds, in which even the
+baseline's abort p99 exceeds 2 ms.
 
 The same seeded moments are used for the baseline. Latency is measured from the abort call to
 the loop's `result` event. `violations` counts loops the abort reached (before they had decided
