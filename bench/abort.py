@@ -63,11 +63,24 @@ def moments(args: argparse.Namespace, seed: int) -> list[Slot]:
     """Per slot: when it starts, and for each of its loops in turn when, after that loop's start, it is aborted."""
     life = (3 * args.model_ms + 2 * args.tool_ms) / 1000
     rng = random.Random(seed)
-    slots = [
-        (rng.uniform(0, life), [rng.uniform(0, life) for _ in range(args.loops_per_slot)])
-        for _ in range(args.concurrency)
-    ]
-    return [(0.0, delays) for _, delays in slots] if args.lockstep else slots
+    slots = []
+    for _ in range(args.concurrency):
+        start = rng.uniform(0, life)  # drawn with --lockstep too: the abort moments stay the same
+        slots.append((0.0 if args.lockstep else start, [rng.uniform(0, life) for _ in range(args.loops_per_slot)]))
+    return slots
+
+
+async def _run_slots(slots: list[Slot], one: Callable[[float], Awaitable[None]]) -> None:
+    """Each slot, from its start, runs `one(delay)` for its loops one after another; all slots at once."""
+
+    async def slot(start: float, delays: list[float]) -> None:
+        await trio.sleep(start)
+        for delay in delays:
+            await one(delay)
+
+    async with trio.open_nursery() as nursery:
+        for start, delays in slots:
+            nursery.start_soon(slot, start, delays)
 
 
 async def runtime_run(args: argparse.Namespace, slots: list[Slot]) -> dict[str, Any]:
@@ -94,14 +107,7 @@ async def runtime_run(args: argparse.Namespace, slots: list[Slot]) -> dict[str, 
                 violations += 1
             await session.close()
 
-        async def slot(start: float, delays: list[float]) -> None:
-            await trio.sleep(start)
-            for delay in delays:
-                await one(delay)
-
-        async with trio.open_nursery() as nursery:
-            for start, delays in slots:
-                nursery.start_soon(slot, start, delays)
+        await _run_slots(slots, one)
     return {"latencies": latencies, "violations": violations, "leftover": leftover}
 
 
@@ -120,14 +126,7 @@ async def baseline_run(args: argparse.Namespace, slots: list[Slot]) -> list[floa
         if latency is not None:
             latencies.append(latency)
 
-    async def slot(start: float, delays: list[float]) -> None:
-        await trio.sleep(start)
-        for delay in delays:
-            await one(delay)
-
-    async with trio.open_nursery() as nursery:
-        for start, delays in slots:
-            nursery.start_soon(slot, start, delays)
+    await _run_slots(slots, one)
     return latencies
 
 
