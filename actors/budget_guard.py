@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, Field
 
-from runtime.actor import TrioActor
-from runtime.events import Usage
-from runtime.messages import Message
-from runtime.pricing import Pricing, pricing_for
-from runtime.token_budget import BudgetTracker, check_token_budget
+from queryloop.runtime.kernel.actor import TrioActor
+from queryloop.runtime.kernel.messages import Message
+from queryloop.runtime.loop.events import Usage
+from queryloop.runtime.loop.pricing import Pricing, pricing_for
+from queryloop.runtime.loop.token_budget import BudgetTracker, check_token_budget
 
 if TYPE_CHECKING:
     from pykka import ActorRef

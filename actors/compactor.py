@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from actors.budget_guard import RecordUsage
-from runtime.actor import TrioActor
-from runtime.context import (
+from queryloop.actors.budget_guard import RecordUsage
+from queryloop.runtime.kernel.actor import TrioActor
+from queryloop.runtime.kernel.messages import CarrierMessage, Message
+from queryloop.runtime.loop.context import (
     COMPACT_INSTRUCTIONS,
     ContextLimits,
     StagedCollapse,
@@ -38,16 +39,15 @@ from runtime.context import (
     token_count_with_estimation,
     token_warning_state,
 )
-from runtime.events import TranscriptMessage, UserMessage
-from runtime.messages import CarrierMessage, Message
-from runtime.model import ModelError, ModelProvider, ModelRequest
-from runtime.stream import complete_text
-from runtime.transcript import normalize_messages_for_api
+from queryloop.runtime.loop.events import TranscriptMessage, UserMessage
+from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.stream import complete_text
+from queryloop.runtime.loop.transcript import normalize_messages_for_api
 
 if TYPE_CHECKING:
     from pykka import ActorRef
 
-    from actors.budget_guard import BudgetGuard
+    from queryloop.actors.budget_guard import BudgetGuard
 
 MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
 """After this many failed autocompactions in a row the Compactor stops trying (a circuit breaker)."""

@@ -30,18 +30,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.tool_executor import AddTool, BeginTurn
-from runtime.actor import TrioActor
-from runtime.events import AssistantMessage, StreamEvent, SystemMessage, Usage, api_error_message
-from runtime.flow import EventChannel
-from runtime.messages import CarrierMessage, Message
-from runtime.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
-from runtime.stream import CompletedBlock, ResponseAssembler, usage_from
+from queryloop.actors.tool_executor import AddTool, BeginTurn
+from queryloop.runtime.kernel.actor import TrioActor
+from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.kernel.messages import CarrierMessage, Message
+from queryloop.runtime.loop.events import AssistantMessage, StreamEvent, SystemMessage, Usage, api_error_message
+from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
 
 if TYPE_CHECKING:
     from pykka import ActorRef
 
-    from actors.tool_executor import StreamingToolExecutor
+    from queryloop.actors.tool_executor import StreamingToolExecutor
 
 PROMPT_TOO_LONG_ERROR_MESSAGE = "Prompt is too long"
 

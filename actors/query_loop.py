@@ -14,8 +14,8 @@ abortable and is cancelled by the same `Abort` broadcast.
 
 One iteration: the context pipeline (compaction) at the top, then
 `stream_request_start` → model call (fallback retries inside) → the decisions
-of `runtime.decisions`, in the reference's check order → a continue site of
-`runtime.state` or a `Terminal`. Events are emitted in production order to the
+of `queryloop.runtime.loop.decisions`, in the reference's check order → a continue site of
+`queryloop.runtime.loop.state` or a `Terminal`. Events are emitted in production order to the
 query's bounded channel (a call's stream events and assistant messages by the
 ModelCaller itself, which then hands each message to the loop); transcript
 messages join the conversation as they are emitted, so the conversation is always
@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
-from actors.budget_guard import (
+from queryloop.actors.budget_guard import (
     BeginQuery,
     BudgetStatus,
     CheckTokenBudget,
     RecordUsage,
     SettleQuery,
 )
-from actors.compactor import (
+from queryloop.actors.compactor import (
     Compact,
     Compacted,
     ContextConfig,
@@ -52,20 +52,28 @@ from actors.compactor import (
     Prepared,
     StageCollapse,
 )
-from actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded, CallProgress, ConsumerGone, StartCall
-from actors.summarizer import Summarize
-from actors.tool_executor import BeginTurn, Discard, ToolResult
-from runtime.actor import TrioActor, TrioActorRef
-from runtime.context import ContextLimits, collapse_may_stage, pipeline_needed
-from runtime.decisions import (
+from queryloop.actors.model_caller import (
+    PROMPT_TOO_LONG_ERROR_MESSAGE,
+    CallEnded,
+    CallProgress,
+    ConsumerGone,
+    StartCall,
+)
+from queryloop.actors.summarizer import Summarize
+from queryloop.actors.tool_executor import BeginTurn, Discard, ToolResult
+from queryloop.runtime.errors import QueryloopError, WorkCancelled
+from queryloop.runtime.kernel.actor import TrioActor, TrioActorRef
+from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.kernel.messages import Abort, AbortReason, CarrierMessage, Message
+from queryloop.runtime.loop.context import ContextLimits, collapse_may_stage, pipeline_needed
+from queryloop.runtime.loop.decisions import (
     abort_terminal,
     max_output_tokens_action,
     max_turns_reached,
     result_is_error,
     result_subtype,
 )
-from runtime.errors import QueryloopError, WorkCancelled
-from runtime.events import (
+from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
     Event,
@@ -80,13 +88,11 @@ from runtime.events import (
     UserMessage,
     api_error_message,
 )
-from runtime.flow import EventChannel
-from runtime.hooks import STOP_HOOK_FEEDBACK, StopHookInput
-from runtime.messages import Abort, AbortReason, CarrierMessage, Message
-from runtime.model import ModelError, ModelRequest
-from runtime.options import DEFAULT_SYSTEM_PROMPT, QueryOptions
-from runtime.pricing import context_window_for
-from runtime.state import (
+from queryloop.runtime.loop.hooks import STOP_HOOK_FEEDBACK, StopHookInput
+from queryloop.runtime.loop.model import ModelError, ModelRequest
+from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT, QueryOptions
+from queryloop.runtime.loop.pricing import context_window_for
+from queryloop.runtime.loop.state import (
     MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
     ContinueReason,
     State,
@@ -99,8 +105,8 @@ from runtime.state import (
     stop_hook_blocking,
     token_budget_continuation,
 )
-from runtime.token_budget import TokenBudgetDecision
-from runtime.transcript import (
+from queryloop.runtime.loop.token_budget import TokenBudgetDecision
+from queryloop.runtime.loop.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPT_MESSAGE_FOR_TOOL_USE,
     INTERRUPTED_BY_USER,
@@ -117,13 +123,13 @@ if TYPE_CHECKING:
 
     from pykka import ActorRef, Future
 
-    from actors.budget_guard import BudgetGuard
-    from actors.compactor import Compactor
-    from actors.model_caller import ModelCaller
-    from actors.summarizer import HaikuSummarizer
-    from actors.tool_executor import StreamingToolExecutor
-    from runtime._future import TrioFuture
-    from runtime.persistence import TranscriptLog
+    from queryloop.actors.budget_guard import BudgetGuard
+    from queryloop.actors.compactor import Compactor
+    from queryloop.actors.model_caller import ModelCaller
+    from queryloop.actors.summarizer import HaikuSummarizer
+    from queryloop.actors.tool_executor import StreamingToolExecutor
+    from queryloop.runtime.kernel._future import TrioFuture
+    from queryloop.runtime.loop.persistence import TranscriptLog
 
 TURN_BUFFER = 256
 """Items a model call and its tools may queue before they wait for the loop (backpressure)."""

@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from actors.budget_guard import RecordUsage
-from runtime.actor import TrioActor
-from runtime.events import Block
-from runtime.messages import Message
-from runtime.model import ModelProvider, ModelRequest
-from runtime.stream import complete_text
+from queryloop.actors.budget_guard import RecordUsage
+from queryloop.runtime.kernel.actor import TrioActor
+from queryloop.runtime.kernel.messages import Message
+from queryloop.runtime.loop.events import Block
+from queryloop.runtime.loop.model import ModelProvider, ModelRequest
+from queryloop.runtime.loop.stream import complete_text
 
 if TYPE_CHECKING:
     from pykka import ActorRef
 
-    from actors.budget_guard import BudgetGuard
+    from queryloop.actors.budget_guard import BudgetGuard
 
 SUMMARY_PROMPT = (
     "Summarize in one short line (under 12 words, no period) what these tool calls did, for a collapsed "

@@ -23,13 +23,13 @@ from typing import Any, Literal
 import trio
 from pydantic import Field, ValidationError
 
-from runtime.actor import TrioActor
-from runtime.events import AttachmentMessage, Block, ProgressEvent, UserMessage
-from runtime.flow import EventChannel
-from runtime.hooks import PostToolUseHook, PostToolUseInput
-from runtime.messages import CarrierMessage, Message
-from runtime.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
-from runtime.transcript import tool_error, tool_result_message
+from queryloop.runtime.kernel.actor import TrioActor
+from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.kernel.messages import CarrierMessage, Message
+from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, UserMessage
+from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput
+from queryloop.runtime.loop.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
+from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
 
 class BeginTurn(CarrierMessage):

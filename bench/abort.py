@@ -30,10 +30,10 @@ from bench import workload
 from bench.baseline import BaselineAbort, baseline_loop
 from bench.loops import percentile
 from bench.report import check_plot_target, plot_cdf, progress
-from runtime import Runtime
-from runtime.events import ResultMessage
-from runtime.options import QueryOptions
-from runtime.transcript import transcript_problems
+from queryloop import Runtime
+from queryloop.runtime.loop.events import ResultMessage
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.transcript import transcript_problems
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

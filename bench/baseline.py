@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from runtime.events import (
+from queryloop.runtime.loop.events import (
     AssistantMessage,
     Event,
     ResultMessage,
@@ -26,17 +26,17 @@ from runtime.events import (
     Usage,
     UserMessage,
 )
-from runtime.model import ModelRequest
-from runtime.scripted import ScriptedModel
-from runtime.stream import ResponseAssembler
-from runtime.tools import Tool, ToolContext
-from runtime.transcript import (
+from queryloop.runtime.loop.model import ModelRequest
+from queryloop.runtime.loop.stream import ResponseAssembler
+from queryloop.runtime.loop.tools import Tool, ToolContext
+from queryloop.runtime.loop.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPTED_BY_USER,
     missing_tool_results,
     normalize_messages_for_api,
     tool_result_message,
 )
+from queryloop.runtime.providers.scripted import ScriptedModel
 
 
 class BaselineAbort:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from runtime import Runtime, Supervisor, TrioActor
+from queryloop import Runtime, Supervisor, TrioActor
 
 if TYPE_CHECKING:
     import argparse

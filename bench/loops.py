@@ -21,8 +21,8 @@ import trio
 from bench import workload
 from bench.baseline import BaselineAbort, baseline_loop
 from bench.report import check_plot_target, plot_throughput, progress
-from runtime import Runtime
-from runtime.options import QueryOptions
+from queryloop import Runtime
+from queryloop.runtime.loop.options import QueryOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,9 +20,9 @@ import trio.testing
 
 from bench import workload
 from bench.kernel import rss_kb
-from runtime import Runtime
-from runtime.options import QueryOptions
-from runtime.session import QueryHandle, Session
+from queryloop import Runtime
+from queryloop.runtime.host.session import QueryHandle, Session
+from queryloop.runtime.loop.options import QueryOptions
 
 WAITING_MS = 10_000_000  # the model "thinks" for hours: every query stays mid-flight
 PROBE_BATCHES = 5

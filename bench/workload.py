@@ -7,8 +7,8 @@ from typing import Any
 
 import trio
 
-from runtime.scripted import ScriptedModel
-from runtime.tools import Tool, ToolContext, ToolOutput
+from queryloop.runtime.loop.tools import Tool, ToolContext, ToolOutput
+from queryloop.runtime.providers.scripted import ScriptedModel
 
 PROMPT = "Read the two files, then write the summary."
 

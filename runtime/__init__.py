@@ -1,59 +1,17 @@
-"""queryloop's runtime: pykka actors scheduled by trio, sessions, supervision.
+"""queryloop's runtime: everything but the six actors, in layers that import one way.
 
-The public surface is re-exported here; modules whose names start with `_` are private.
+- `errors`: the exception types of every layer; imports nothing of ours.
+- `kernel`: pykka actors scheduled as trio tasks, their inboxes, futures, supervisors and event
+  channels. It knows nothing of agent loops: it imports only `errors`.
+- `loop`: what one Claude-Code loop is made of and the pure rules it follows: its events, state and
+  continue/terminal decisions, context management, the token budget, the transcript, and the contracts
+  it holds with the outside (the model provider protocol, tools, hooks, options). Imports `errors`.
+- `providers`: model providers behind `loop.model.ModelProvider` (scripted, Anthropic) and a local
+  Messages API server. Imports `loop`.
+- `host`: what a host embeds: `Runtime`, `Session`, `QueryHandle`, the blocking facade. Imports
+  `kernel`, `loop` and `queryloop.actors` (which import `kernel` and `loop`, never this package's
+  upper layers).
+- `cli`: the `queryloop` command, its demo and the scenario runner. May import everything.
+
+The public names are re-exported by `queryloop` itself.
 """
-
-from typing import Any
-
-from loguru import logger
-
-from runtime._future import TrioFuture
-from runtime._runtime import Runtime
-from runtime.actor import TrioActor
-from runtime.errors import (
-    ActorCrashed,
-    BlockingCallOnTrioThread,
-    NotInSession,
-    QueryloopError,
-    SessionClosed,
-    WorkCancelled,
-)
-from runtime.messages import Abort, AbortAck, AbortReason, Message, SupervisorMessage
-from runtime.supervisor import Supervisor
-
-_SESSION_LAYER = {"Session": "runtime.session", "QueryHandle": "runtime.session", "QueryOptions": "runtime.options"}
-
-
-def __getattr__(name: str) -> Any:
-    # The session layer imports the actors, which import this kernel: it is loaded on first use.
-    if name in _SESSION_LAYER:
-        import importlib
-
-        return getattr(importlib.import_module(_SESSION_LAYER[name]), name)
-    raise AttributeError(name)
-
-
-# A library stays quiet until its host asks: the CLI (or the host) enables these.
-logger.disable("runtime")
-logger.disable("actors")
-
-__all__ = [
-    "Abort",
-    "AbortAck",
-    "AbortReason",
-    "ActorCrashed",
-    "BlockingCallOnTrioThread",
-    "Message",
-    "NotInSession",
-    "QueryHandle",
-    "QueryOptions",
-    "QueryloopError",
-    "Runtime",
-    "Session",
-    "SessionClosed",
-    "Supervisor",
-    "SupervisorMessage",
-    "TrioActor",
-    "TrioFuture",
-    "WorkCancelled",
-]

@@ -9,14 +9,14 @@ from typing import Any
 
 import trio
 
-from runtime import Runtime
-from runtime.events import QueryEvent, UserMessage
-from runtime.model import FallbackTriggered, ModelRequest
-from runtime.options import QueryOptions
-from runtime.scripted import ScriptedModel
-from runtime.session import QueryHandle, Session
-from runtime.tools import Tool, ToolContext, ToolError, ToolOutput
-from runtime.transcript import transcript_problems
+from queryloop import Runtime
+from queryloop.runtime.host.session import QueryHandle, Session
+from queryloop.runtime.loop.events import QueryEvent, UserMessage
+from queryloop.runtime.loop.model import FallbackTriggered, ModelRequest
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
+from queryloop.runtime.loop.transcript import transcript_problems
+from queryloop.runtime.providers.scripted import ScriptedModel
 
 
 def text_reply(text: str = "Done.", stop_reason: str = "end_turn", **extra: Any) -> dict[str, Any]:

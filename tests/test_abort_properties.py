@@ -51,8 +51,9 @@ import trio.testing
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from runtime import Runtime
-from runtime.events import (
+from queryloop import Runtime
+from queryloop.runtime.host.session import QueryHandle, Session
+from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
     QueryEvent,
@@ -62,18 +63,17 @@ from runtime.events import (
     TranscriptMessage,
     UserMessage,
 )
-from runtime.options import QueryOptions
-from runtime.scripted import ScriptedModel
-from runtime.session import QueryHandle, Session
-from runtime.state import MAX_OUTPUT_TOKENS_RECOVERY_LIMIT, Terminal
-from runtime.tools import Tool, ToolContext, ToolError, ToolOutput
-from runtime.transcript import (
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.state import MAX_OUTPUT_TOKENS_RECOVERY_LIMIT, Terminal
+from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
+from queryloop.runtime.loop.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPT_MESSAGE_FOR_TOOL_USE,
     INTERRUPTED_BY_USER,
     tool_error,
     transcript_problems,
 )
+from queryloop.runtime.providers.scripted import ScriptedModel
 
 # -- profiles -------------------------------------------------------------------------------
 

@@ -20,8 +20,8 @@ import pytest
 import trio
 import trio.lowlevel
 
-from runtime.anthropic_model import AnthropicModel, classify_status, model_error_from_sdk
-from runtime.model import ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.providers.anthropic_model import AnthropicModel, classify_status, model_error_from_sdk
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 SSE = FIXTURES / "sse"

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from runtime.blocking import BlockingRuntime
-from runtime.errors import BlockingCallOnTrioThread
-from runtime.events import UserMessage
-from runtime.options import QueryOptions
-from runtime.scripted import ScriptedModel
-from runtime.tools import Tool, ToolContext, ToolOutput
-from runtime.transcript import INTERRUPTED_BY_USER, transcript_problems
+from queryloop.runtime.errors import BlockingCallOnTrioThread
+from queryloop.runtime.host.blocking import BlockingRuntime
+from queryloop.runtime.loop.events import UserMessage
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.tools import Tool, ToolContext, ToolOutput
+from queryloop.runtime.loop.transcript import INTERRUPTED_BY_USER, transcript_problems
+from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import scripted_tool, text_reply, tool_use, tools_reply
 
 

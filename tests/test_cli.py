@@ -42,7 +42,7 @@ def _own_terminal() -> None:
 def test_ctrl_c_mid_tool_aborts_the_query_and_shows_aborted_tools() -> None:
     leader, follower = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "run", "--demo-tool-delay", "8"],
+        [sys.executable, "-m", "queryloop.runtime.cli.main", "run", "--demo-tool-delay", "8"],
         cwd=REPO,
         stdin=follower,
         stdout=follower,
@@ -68,7 +68,7 @@ def test_ctrl_c_mid_tool_aborts_the_query_and_shows_aborted_tools() -> None:
 def test_model_without_an_api_key_says_what_is_missing() -> None:
     env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
     done = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "run", "hi", "--model", "claude-sonnet-5-5"],
+        [sys.executable, "-m", "queryloop.runtime.cli.main", "run", "hi", "--model", "claude-sonnet-5-5"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -82,7 +82,7 @@ def test_model_without_an_api_key_says_what_is_missing() -> None:
 
 def test_demo_runs_offline_to_completion() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "demo", "--demo-tool-delay", "0"],
+        [sys.executable, "-m", "queryloop.runtime.cli.main", "demo", "--demo-tool-delay", "0"],
         cwd=REPO,
         capture_output=True,
         text=True,

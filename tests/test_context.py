@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.context import (
+from queryloop.runtime.loop.context import (
     CLEARED_TOOL_RESULT,
     COMPACT_SUMMARY_PREFIX,
     ContextLimits,
@@ -30,7 +30,7 @@ from runtime.context import (
     token_count_with_estimation,
     token_warning_state,
 )
-from runtime.events import (
+from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
     Block,
@@ -39,7 +39,7 @@ from runtime.events import (
     Usage,
     UserMessage,
 )
-from runtime.transcript import messages_after_compact_boundary, transcript_problems
+from queryloop.runtime.loop.transcript import messages_after_compact_boundary, transcript_problems
 
 MODEL = "claude-sonnet-4-5"
 

@@ -9,13 +9,13 @@ import pytest
 import trio
 import trio.testing
 
-from runtime import Runtime
-from runtime.context import CLEARED_TOOL_RESULT, COMPACT_SUMMARY_PREFIX
-from runtime.events import AssistantMessage, SystemMessage, ToolUseSummaryEvent, UserMessage
-from runtime.options import QueryOptions
-from runtime.scripted import ScriptedModel
-from runtime.state import State, stop_hook_blocking
-from runtime.transcript import transcript_problems
+from queryloop import Runtime
+from queryloop.runtime.loop.context import CLEARED_TOOL_RESULT, COMPACT_SUMMARY_PREFIX
+from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, ToolUseSummaryEvent, UserMessage
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.state import State, stop_hook_blocking
+from queryloop.runtime.loop.transcript import transcript_problems
+from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import Ran, assert_settled, consume, scripted_tool, text_reply, tool_use, tools_reply
 
 PTL = {"error": "prompt_too_long"}
@@ -126,7 +126,7 @@ async def test_reactive_compact_is_single_fire_and_prompt_too_long_surfaces() ->
 
 async def test_production_incident_stop_hook_blocking_never_allows_a_second_reactive_compact() -> None:
     """Seed 001's incident: compact → still too long → stop hook blocks → (no) compact again → ..."""
-    from runtime.hooks import HookDecision, StopHookInput
+    from queryloop.runtime.loop.hooks import HookDecision, StopHookInput
 
     async def always_blocks(_: StopHookInput) -> HookDecision:
         return HookDecision(blocking_error="tests still fail")
@@ -408,7 +408,7 @@ async def test_two_hundred_turns_with_large_tool_results_stay_inside_the_window(
 
 
 async def test_a_host_wide_budget_guard_caps_the_sum_over_sessions() -> None:
-    from runtime.pricing import Pricing
+    from queryloop.runtime.loop.pricing import Pricing
 
     price = Pricing(input=3.0, output=15.0, cache_write=3.75, cache_read=0.3)
     usage = {"input_tokens": 100_000, "output_tokens": 0}  # $0.30 a call

@@ -6,15 +6,15 @@ from typing import get_args
 
 import pytest
 
-from runtime.decisions import (
+from queryloop.runtime.loop.decisions import (
     abort_terminal,
     max_output_tokens_action,
     max_turns_reached,
     result_is_error,
     result_subtype,
 )
-from runtime.events import AssistantMessage, TranscriptMessage, UserMessage
-from runtime.state import (
+from queryloop.runtime.loop.events import AssistantMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.state import (
     MAX_OUTPUT_TOKENS_RECOVERY_LIMIT,
     State,
     TerminalReason,

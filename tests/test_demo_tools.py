@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.demo import confined, demo_tools
-from runtime.tools import Tool, ToolContext, ToolError
+from queryloop.runtime.cli.demo import confined, demo_tools
+from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError
 
 
 async def _noop(tool_use_id: str, data: object) -> None:

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from runtime.flow import EventChannel
+from queryloop.runtime.kernel.flow import EventChannel
 
 
 async def test_items_arrive_in_order_and_a_receiver_parks_only_on_an_empty_buffer() -> None:

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from pykka import ActorRef
 
-from runtime import (
+from queryloop import (
     Abort,
     AbortAck,
     ActorCrashed,
@@ -503,7 +503,7 @@ async def test_closed_sessions_leave_no_cyclic_garbage_for_the_collector() -> No
                 await session.close()
         gc.set_debug(gc.DEBUG_SAVEALL)
         gc.collect()
-        ours = [o for o in gc.garbage if type(o).__module__.startswith(("runtime", "actors"))]
+        ours = [o for o in gc.garbage if type(o).__module__.startswith("queryloop")]
     finally:
         gc.garbage.clear()
         gc.set_debug(0)

@@ -15,14 +15,14 @@ from typing import Any
 
 import trio
 
-from runtime import Runtime
-from runtime.events import AssistantMessage, StreamEvent, TranscriptMessage, UserMessage
-from runtime.model import ModelRequest
-from runtime.options import QueryOptions
-from runtime.persistence import INTERRUPTED_BY_CRASH, TranscriptLog, load_transcript
-from runtime.scripted import ScriptedModel
-from runtime.session import Session
-from runtime.transcript import normalize_messages_for_api, transcript_problems
+from queryloop import Runtime
+from queryloop.runtime.host.session import Session
+from queryloop.runtime.loop.events import AssistantMessage, StreamEvent, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.model import ModelRequest
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.persistence import INTERRUPTED_BY_CRASH, TranscriptLog, load_transcript
+from queryloop.runtime.loop.transcript import normalize_messages_for_api, transcript_problems
+from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import (
     FallbackMidStream,
     Ran,
@@ -326,10 +326,10 @@ from pathlib import Path
 
 import trio
 
-from runtime import Runtime
-from runtime.options import QueryOptions
-from runtime.scripted import ScriptedModel
-from runtime.tools import Tool
+from queryloop import Runtime
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.providers.scripted import ScriptedModel
+from queryloop.runtime.loop.tools import Tool
 
 
 async def fast(args, ctx):

@@ -16,9 +16,9 @@ import pytest
 import trio
 import trio.testing
 
-from actors.query_loop import QueryControl, QueryInProgress
-from runtime import Runtime
-from runtime.events import (
+from queryloop import Runtime
+from queryloop.actors.query_loop import QueryControl, QueryInProgress
+from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
     ProgressEvent,
@@ -28,20 +28,20 @@ from runtime.events import (
     TombstoneEvent,
     UserMessage,
 )
-from runtime.hooks import HookDecision, PostToolUseInput, StopHookInput
-from runtime.model import ModelRequest
-from runtime.options import QueryOptions
-from runtime.persistence import load_transcript
-from runtime.pricing import Pricing
-from runtime.scripted import ScriptedModel
-from runtime.state import MAX_OUTPUT_TOKENS_RECOVERY_TEXT
-from runtime.tools import Allow, Deny, Tool, ToolOutput
-from runtime.transcript import (
+from queryloop.runtime.loop.hooks import HookDecision, PostToolUseInput, StopHookInput
+from queryloop.runtime.loop.model import ModelRequest
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.persistence import load_transcript
+from queryloop.runtime.loop.pricing import Pricing
+from queryloop.runtime.loop.state import MAX_OUTPUT_TOKENS_RECOVERY_TEXT
+from queryloop.runtime.loop.tools import Allow, Deny, Tool, ToolOutput
+from queryloop.runtime.loop.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPT_MESSAGE_FOR_TOOL_USE,
     INTERRUPTED_BY_USER,
     transcript_problems,
 )
+from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import (
     FallbackMidStream,
     Ran,
@@ -637,7 +637,7 @@ class CountArgs(pydantic.BaseModel):
 
 
 def _typed_tool() -> Any:
-    from runtime.tools import ToolContext, tool
+    from queryloop.runtime.loop.tools import ToolContext, tool
 
     @tool()
     async def typed(args: CountArgs, ctx: ToolContext) -> str:
@@ -647,7 +647,7 @@ def _typed_tool() -> Any:
 
 
 def test_tool_decorator_refuses_an_unresolvable_input_model_clearly() -> None:
-    from runtime.tools import ToolContext, tool
+    from queryloop.runtime.loop.tools import ToolContext, tool
 
     class LocalArgs(pydantic.BaseModel):
         count: int
@@ -694,7 +694,7 @@ async def test_permission_callback_denies_with_its_message_and_allows_updated_in
         seen.append(args)
         return "ran"
 
-    from runtime.tools import Tool
+    from queryloop.runtime.loop.tools import Tool
 
     async with Runtime.open() as runtime:
         ran = await run_query(

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from runtime.cli import main
+from queryloop.runtime.cli.main import main
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 NAMES = sorted(p.name.removesuffix(".json") for p in SCENARIOS.glob("*.json") if not p.name.endswith(".expected.json"))
@@ -71,7 +71,7 @@ def test_scenario(name: str) -> None:
 
 def test_the_console_script_prints_one_json_verdict_and_exits_0() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "scenario", str(SCENARIOS / "stop_hook_blocking.json")],
+        [sys.executable, "-m", "queryloop.runtime.cli.main", "scenario", str(SCENARIOS / "stop_hook_blocking.json")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -97,7 +97,7 @@ def test_malformed_scenario_exits_2_naming_the_key(tmp_path: Path, document: dic
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(document))
     done = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "scenario", str(path)],
+        [sys.executable, "-m", "queryloop.runtime.cli.main", "scenario", str(path)],
         capture_output=True,
         text=True,
         timeout=120,

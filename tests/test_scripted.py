@@ -12,8 +12,9 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest, is_prompt_too_long
-from runtime.scripted import (
+from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest, is_prompt_too_long
+from queryloop.runtime.loop.stream import ResponseAssembler
+from queryloop.runtime.providers.scripted import (
     JSON_CHUNK,
     TEXT_CHUNK,
     ScriptedError,
@@ -24,7 +25,6 @@ from runtime.scripted import (
     parse_entry,
     reply_events,
 )
-from runtime.stream import ResponseAssembler
 
 
 def request(text: str = "hello") -> ModelRequest:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.events import AssistantMessage, TranscriptMessage, UserMessage
-from runtime.state import (
+from queryloop.runtime.loop.events import AssistantMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.state import (
     MAX_OUTPUT_TOKENS_RECOVERY_LIMIT,
     MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
     AutoCompactTracking,

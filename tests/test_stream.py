@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from runtime.events import Usage
-from runtime.stream import CompletedBlock, ResponseAssembler
+from queryloop.runtime.loop.events import Usage
+from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler
 
 SSE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sse"
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.token_budget import (
+from queryloop.runtime.loop.token_budget import (
     COMPLETION_THRESHOLD,
     DIMINISHING_THRESHOLD,
     BudgetTracker,

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from runtime.events import (
+from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
     Block,
@@ -15,7 +15,7 @@ from runtime.events import (
     TranscriptMessage,
     UserMessage,
 )
-from runtime.transcript import (
+from queryloop.runtime.loop.transcript import (
     INTERRUPTED_BY_USER,
     build_system_prompt,
     messages_after_compact_boundary,

@@ -1,6 +1,6 @@
 """The runtime end to end through the real `anthropic` SDK, real sockets and a local Messages API.
 
-Every session here uses `AnthropicModel` against `runtime.local_api.LocalMessagesAPI` on
+Every session here uses `AnthropicModel` against `queryloop.runtime.providers.local_api.LocalMessagesAPI` on
 127.0.0.1: requests are built and sent by the SDK, streams are parsed from real SSE bytes, and
 faults are real HTTP statuses, in-stream error events and closed connections. These tests run on
 the real clock: latencies are tiny, and conditions are awaited (bounded by `trio.fail_after`),
@@ -20,14 +20,14 @@ import pytest
 import trio
 from loguru import logger
 
-from runtime import QueryOptions, Runtime
-from runtime.anthropic_model import AnthropicModel
-from runtime.context import COMPACT_SUMMARY_PREFIX
-from runtime.events import AssistantMessage, QueryEvent, StreamEvent, SystemMessage
-from runtime.local_api import LocalMessagesAPI
-from runtime.pricing import pricing_for
-from runtime.session import QueryHandle, Session
-from runtime.transcript import transcript_problems
+from queryloop import QueryOptions, Runtime
+from queryloop.runtime.host.session import QueryHandle, Session
+from queryloop.runtime.loop.context import COMPACT_SUMMARY_PREFIX
+from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, StreamEvent, SystemMessage
+from queryloop.runtime.loop.pricing import pricing_for
+from queryloop.runtime.loop.transcript import transcript_problems
+from queryloop.runtime.providers.anthropic_model import AnthropicModel
+from queryloop.runtime.providers.local_api import LocalMessagesAPI
 from tests.helpers import ToolLog, scripted_tool, text_reply, tool_use, tools_reply
 
 API_KEY = "sk-local-test"
@@ -311,8 +311,7 @@ async def test_abort_mid_stream_ends_at_once_and_the_client_drops_its_connection
 @TOLERATE_UNEXHAUSTED_BODY_ITERATOR
 async def test_api_key_never_appears_in_the_logs_or_the_transcript() -> None:
     captured: list[str] = []
-    logger.enable("runtime")
-    logger.enable("actors")
+    logger.enable("queryloop")
     # Serialized records carry message, extra and any exception; `diagnose` renders local variables
     # in tracebacks, the likeliest way for a key to slip into a log.
     sink_id = logger.add(captured.append, level="DEBUG", serialize=True, backtrace=True, diagnose=True)
@@ -354,8 +353,7 @@ async def test_api_key_never_appears_in_the_logs_or_the_transcript() -> None:
                 assert API_KEY not in repr(model)
     finally:
         logger.remove(sink_id)
-        logger.disable("runtime")
-        logger.disable("actors")
+        logger.disable("queryloop")
 
     log_text = "\n".join(captured)
     assert any("compaction failed" in json.loads(line)["record"]["message"] for line in captured)

@@ -1,0 +1,147 @@
+"""queryloop: Claude-Code-style agent loops as groups of pykka actors scheduled by trio.
+
+Everything a host needs is importable from here. The code lives in two subpackages:
+`queryloop.runtime` (the kernel, the loop's rules, providers, hosts, the CLI; its docstring maps the
+layers) and `queryloop.actors` (the six actors of a session).
+
+The library is silent until its host asks: `from loguru import logger; logger.enable("queryloop")`.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from loguru import logger
+
+from queryloop.actors.query_loop import QueryInProgress
+from queryloop.runtime.errors import (
+    ActorCrashed,
+    BlockingCallOnTrioThread,
+    NotInSession,
+    QueryloopError,
+    SessionClosed,
+    WorkCancelled,
+)
+from queryloop.runtime.host.blocking import BlockingQuery, BlockingRuntime, BlockingSession
+from queryloop.runtime.host.runtime import Runtime
+from queryloop.runtime.host.session import QueryHandle, Session
+from queryloop.runtime.kernel._future import TrioFuture
+from queryloop.runtime.kernel.actor import TrioActor
+from queryloop.runtime.kernel.messages import Abort, AbortAck, AbortReason, Message, SupervisorMessage
+from queryloop.runtime.kernel.supervisor import Supervisor
+from queryloop.runtime.loop.events import (
+    AssistantMessage,
+    AttachmentMessage,
+    Block,
+    Event,
+    ProgressEvent,
+    QueryEvent,
+    ResultMessage,
+    ResultSubtype,
+    StreamEvent,
+    StreamRequestStart,
+    SystemMessage,
+    TombstoneEvent,
+    ToolUseSummaryEvent,
+    TranscriptMessage,
+    Usage,
+    UserMessage,
+)
+from queryloop.runtime.loop.hooks import HookDecision, PostToolUseHook, PostToolUseInput, StopHook, StopHookInput
+from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.persistence import LoadedTranscript, load_transcript
+from queryloop.runtime.loop.pricing import Pricing
+from queryloop.runtime.loop.state import ContinueReason, Terminal, TerminalReason
+from queryloop.runtime.loop.tools import Allow, CanUseTool, Deny, PermissionResult, Tool, ToolContext, ToolError, tool
+from queryloop.runtime.loop.transcript import transcript_problems
+from queryloop.runtime.providers.anthropic_model import AnthropicModel
+from queryloop.runtime.providers.local_api import LocalMessagesAPI
+from queryloop.runtime.providers.scripted import (
+    ScriptedError,
+    ScriptedModel,
+    ScriptedReply,
+    ScriptedUsage,
+    ScriptExhausted,
+    reply_events,
+)
+
+try:
+    __version__ = version("queryloop")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+# A library stays quiet until its host asks: `logger.enable("queryloop")`.
+logger.disable("queryloop")
+
+__all__ = [
+    "Abort",
+    "AbortAck",
+    "AbortReason",
+    "ActorCrashed",
+    "Allow",
+    "AnthropicModel",
+    "AssistantMessage",
+    "AttachmentMessage",
+    "Block",
+    "BlockingCallOnTrioThread",
+    "BlockingQuery",
+    "BlockingRuntime",
+    "BlockingSession",
+    "CanUseTool",
+    "ContinueReason",
+    "Deny",
+    "Event",
+    "FallbackTriggered",
+    "HookDecision",
+    "LoadedTranscript",
+    "LocalMessagesAPI",
+    "Message",
+    "ModelError",
+    "ModelProvider",
+    "ModelRequest",
+    "NotInSession",
+    "PermissionResult",
+    "PostToolUseHook",
+    "PostToolUseInput",
+    "Pricing",
+    "ProgressEvent",
+    "QueryEvent",
+    "QueryHandle",
+    "QueryInProgress",
+    "QueryOptions",
+    "QueryloopError",
+    "ResultMessage",
+    "ResultSubtype",
+    "Runtime",
+    "ScriptExhausted",
+    "ScriptedError",
+    "ScriptedModel",
+    "ScriptedReply",
+    "ScriptedUsage",
+    "Session",
+    "SessionClosed",
+    "StopHook",
+    "StopHookInput",
+    "StreamEvent",
+    "StreamRequestStart",
+    "Supervisor",
+    "SupervisorMessage",
+    "SystemMessage",
+    "Terminal",
+    "TerminalReason",
+    "TombstoneEvent",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolUseSummaryEvent",
+    "TranscriptMessage",
+    "TrioActor",
+    "TrioFuture",
+    "Usage",
+    "UserMessage",
+    "WorkCancelled",
+    "__version__",
+    "load_transcript",
+    "reply_events",
+    "tool",
+    "transcript_problems",
+]

@@ -1,0 +1,184 @@
+"""`Runtime`: the trio nursery whose tasks are the work of every session's actors."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+from loguru import logger
+
+from queryloop.actors.budget_guard import BudgetGuard
+from queryloop.actors.compactor import Compactor
+from queryloop.actors.model_caller import ModelCaller
+from queryloop.actors.query_loop import QueryLoop
+from queryloop.actors.summarizer import HaikuSummarizer
+from queryloop.actors.tool_executor import StreamingToolExecutor
+from queryloop.runtime.host import _gc
+from queryloop.runtime.host.session import Session
+from queryloop.runtime.kernel.supervisor import Supervisor
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.persistence import LoadedTranscript, load_transcript, open_log
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping
+    from pathlib import Path
+
+    from pykka import ActorRef
+
+
+SHUTDOWN_GRACE_S = 5.0
+"""How long leaving `Runtime.open()` waits for its sessions' queries to end before cutting them."""
+
+
+class Runtime:
+    """Hosts sessions side by side in one trio run; open it with `Runtime.open()`."""
+
+    def __init__(self, nursery: trio.Nursery, *, max_concurrent_model_calls: int | None = None) -> None:
+        self._nursery = nursery
+        self.model_calls = (
+            trio.CapacityLimiter(max_concurrent_model_calls) if max_concurrent_model_calls is not None else None
+        )
+        """Host-wide: at most this many model calls stream at once, across every session (None: no cap)."""
+        self._groups: dict[str, Supervisor] = {}
+        self._sessions: dict[str, Session] = {}
+        self._prefix = secrets.token_hex(3)
+        self._ids = itertools.count(1)
+        self.host_budget: ActorRef[BudgetGuard] | None = None
+        """A host-wide BudgetGuard every new session reports its spend to (optional)."""
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, *, max_concurrent_model_calls: int | None = None, tune_gc: bool = True
+    ) -> AsyncIterator[Runtime]:
+        """Run a runtime for the duration of the `async with` block; leaving it closes every session.
+
+        `max_concurrent_model_calls` caps the model calls streaming at once across all sessions
+        (a call waits for a slot; its retries' backoff does not hold one).
+        `tune_gc`: while open, the collector's young generation is collected every 10,000
+        allocations instead of 700, and full collections are considered after 100 middle ones
+        instead of 10 (see `queryloop.runtime.host._gc` for why and what was measured); False leaves the
+        collector as the host set it.
+        """
+        if tune_gc:
+            _gc.acquire()
+        try:
+            async with cls._open(max_concurrent_model_calls) as runtime:
+                yield runtime
+        finally:
+            if tune_gc:
+                _gc.release()
+
+    @classmethod
+    @asynccontextmanager
+    async def _open(cls, max_concurrent_model_calls: int | None) -> AsyncIterator[Runtime]:
+        async with trio.open_nursery() as nursery:
+            runtime = cls(nursery, max_concurrent_model_calls=max_concurrent_model_calls)
+            try:
+                yield runtime
+            finally:
+                # Every running query is aborted and ends properly (its tool_uses answered, its result
+                # sent) before the rest is cancelled; a session that does not settle in time is cut.
+                with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
+                    for session in list(runtime._sessions.values()):
+                        await session.close()
+                # What did not settle in time is stopped now: its actors' work is cancelled, their
+                # on_stop runs once it has unwound, which leaving the nursery waits for.
+                for group in list(runtime._groups.values()):
+                    group.close_nowait()
+                nursery.cancel_scope.cancel()
+
+    @property
+    def groups(self) -> Mapping[str, Supervisor]:
+        """The open session groups, by session id (the runtime's own index, O(1) add and remove)."""
+        return self._groups
+
+    def new_session_id(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
+
+    async def open_session(
+        self,
+        options: QueryOptions | None = None,
+        *,
+        transcript: Path | None = None,
+        resume: Path | None = None,
+        **fields: Any,
+    ) -> Session:
+        """Start a session's actor group; `options` (or the fields of one) configure its queries.
+
+        `transcript`: append the conversation to that JSONL file (new or existing).
+        `resume`: restore the conversation of that file (repaired if a crash cut it) and its
+        session id, and go on appending to it unless `transcript` names another file.
+        """
+        options = options or QueryOptions(**fields)
+        if options.provider is None:
+            msg = "QueryOptions.provider is required: a ScriptedModel offline, an AnthropicModel for the API"
+            raise ValueError(msg)
+        loaded: LoadedTranscript | None = None
+        if resume is not None:
+            loaded = await trio.to_thread.run_sync(load_transcript, resume)
+            for problem in loaded.problems:
+                logger.bind(session=loaded.session_id).warning("resuming {}: {}", resume, problem)
+            transcript = resume if transcript is None else transcript
+        # The group first: a session id already open fails here, before anything is written.
+        group = await self.start_group(loaded.session_id if loaded is not None else None)
+        log = None
+        if transcript is not None:
+            try:
+                log = await trio.to_thread.run_sync(open_log, transcript, group.session_id, loaded, resume)
+                await log.flush()  # the repairs (or the restored history) before any new message
+            except BaseException:
+                if log is not None:
+                    log.close()
+                await group.close()
+                raise
+        budget = group.spawn(BudgetGuard, parent=self.host_budget)
+        executor = group.spawn(StreamingToolExecutor)
+        caller = group.spawn(ModelCaller, options.provider, executor=executor, limiter=self.model_calls)
+        compactor = group.spawn(
+            Compactor,
+            options.compact_provider or options.provider,
+            budget_guard=budget,
+            session_dir=options.session_dir,
+        )
+        summarizer = group.spawn(HaikuSummarizer, options.summary_provider or options.provider, budget_guard=budget)
+        loop = group.spawn(
+            QueryLoop,
+            model_caller=caller,
+            executor=executor,
+            budget_guard=budget,
+            compactor=compactor,
+            summarizer=summarizer,
+            host_capped=self.host_budget is not None,
+            conversation=loaded.messages if loaded is not None else None,
+            transcript=log,
+        )
+        session = Session(group, options, loop)
+        self._sessions[session.id] = session
+        return session
+
+    async def open_host_budget(self, max_budget_usd: float) -> ActorRef[BudgetGuard]:
+        """One BudgetGuard above every session opened from now on: their spend, summed, is capped here.
+
+        A query whose call takes the host's total to the cap ends `max_budget_usd`, as its own cap would.
+        """
+        group = await self.start_group(f"{self._prefix}-host-budget")
+        self.host_budget = group.spawn(BudgetGuard, max_budget_usd=max_budget_usd)
+        return self.host_budget
+
+    async def start_group(self, session_id: str | None = None) -> Supervisor:
+        """Open an empty actor group for a session; `Supervisor.spawn` fills it."""
+        session_id = session_id or self.new_session_id()
+        if session_id in self._groups:
+            msg = f"session id {session_id!r} is already open"
+            raise ValueError(msg)
+        supervisor = Supervisor(session_id, self._nursery, on_closed=self._forget)
+        self._groups[session_id] = supervisor
+        return supervisor
+
+    def _forget(self, supervisor: Supervisor) -> None:
+        self._groups.pop(supervisor.session_id, None)
+        self._sessions.pop(supervisor.session_id, None)

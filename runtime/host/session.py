@@ -1,0 +1,196 @@
+"""`Session` and `QueryHandle`: the public face of one agent loop.
+
+A session is one actor group (QueryLoop, ModelCaller, StreamingToolExecutor,
+BudgetGuard; the Compactor and HaikuSummarizer join with context management)
+holding one conversation. `session.query(prompt)` submits a user message and
+returns a `QueryHandle`: a view over the bounded trio channel the QueryLoop
+feeds, never an async generator owning a nursery, so a consumer that stops early
+cannot corrupt a cancel scope (trio #638). Closing the handle, or dropping it
+before the end, aborts the query (reason `user`) and leaves the session usable.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Self
+
+import trio
+
+from queryloop.actors.query_loop import GetConversation, QueryControl, QueryInProgress, Refused, RunQuery, Settled
+from queryloop.runtime.errors import SessionClosed
+from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.options import QueryOptions
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from pykka import ActorRef
+
+    from queryloop.actors.query_loop import QueryLoop
+    from queryloop.runtime.errors import ActorCrashed
+    from queryloop.runtime.kernel.messages import AbortAck, AbortReason
+    from queryloop.runtime.kernel.supervisor import Supervisor
+    from queryloop.runtime.loop.state import ContinueReason, Terminal
+
+
+class QueryHandle:
+    """Iterate it for the query's events; then read `terminal`, `result`, `transitions`."""
+
+    def __init__(self, session: Session, events: EventChannel[Any], control: QueryControl) -> None:
+        self._session = session
+        self._events = events
+        self._control = control
+        self.terminal: Terminal | None = None
+        self.transitions: list[ContinueReason] = []
+        self.result: ResultMessage | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    @property
+    def abort_reason(self) -> AbortReason | None:
+        """Why this query was aborted; None if no abort reached it before it had decided how it ends."""
+        return self._control.abort_reason
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> QueryEvent:
+        events = self._events
+        while True:
+            # What is buffered already is returned at once; the loop waits only on an empty channel.
+            if not events.items and not await events.wait():
+                failure = self._session.failure
+                if failure is not None and self.result is None:
+                    raise failure from None
+                raise StopAsyncIteration from None
+            item = events.take()
+            kind = type(item)
+            if kind is Settled:
+                self.terminal, self.transitions = item.terminal, item.transitions
+                continue
+            if kind is Refused:
+                raise QueryInProgress(item.reason)
+            if kind is ResultMessage:
+                self.result = item
+            event: QueryEvent = item
+            return event
+
+    async def wait(self) -> ResultMessage:
+        """Consume the remaining events and return the result."""
+        async for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def aclose(self) -> None:
+        """Stop listening; a query still running is aborted (reason `user`)."""
+        if not self.done and self._control.abort_reason is None:
+            await self._session.abort("user")
+        self._events.close_receiver()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        # Dropped without aclose(): that is the user's abort. A finalizer runs wherever the
+        # collector happens to run, even inside trio's scheduler, so nothing is done here: the
+        # abort and the closing of the channel are handed to the trio thread to run next.
+        session, control, events = self._session, self._control, self._events
+        if self.done:
+            return
+
+        def abandoned() -> None:
+            if control.abort_reason is None and not control.finished:
+                session.abort_nowait("user")
+            events.close_receiver()
+
+        try:
+            session.supervisor._token.run_sync_soon(abandoned)  # noqa: SLF001
+        except trio.RunFinishedError:
+            pass  # the run is over: nothing is left to abort
+
+
+class Session:
+    """One conversation with its own actor group. Made by `Runtime.open_session`."""
+
+    def __init__(self, supervisor: Supervisor, options: QueryOptions, loop: ActorRef[QueryLoop]) -> None:
+        self.supervisor = supervisor
+        self.options = options
+        self._loop = loop
+        self._control: QueryControl | None = None
+        self._current_events: EventChannel[Any] | None = None
+        supervisor.add_crash_listener(self._crashed)
+
+    @property
+    def id(self) -> str:
+        return self.supervisor.session_id
+
+    @property
+    def failure(self) -> ActorCrashed | None:
+        return self.supervisor.failure
+
+    def query(self, prompt: str | list[Block], **overrides: Any) -> QueryHandle:
+        """Submit one user message; `overrides` change options for this query only (validated).
+
+        Submitted while a query runs, it interrupts that query (reason `interrupt`) and runs next.
+        """
+        if self.supervisor.closed:
+            msg = f"session {self.id} is closed"
+            raise SessionClosed(msg)
+        running = self._control
+        if running is not None and not running.finished and not running.decided and running.abort_reason is None:
+            # A message submitted while a query runs interrupts it (seed 000: no interruption
+            # message for `interrupt`); the new query runs as soon as the aborted one has ended.
+            self.abort_nowait("interrupt")
+        options = QueryOptions.model_validate({**dict(self.options), **overrides}) if overrides else self.options
+        events = EventChannel[Any](options.event_buffer)
+        control = QueryControl()
+        handle = QueryHandle(self, events, control)
+        self._control, self._current_events = control, events
+        self._loop.tell(RunQuery(prompt=UserMessage(content=prompt), options=options, sink=events, control=control))
+        return handle
+
+    async def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
+        """Abort the running query (if any) and every actor's in-flight work. Idempotent."""
+        self._mark_aborted(reason)
+        return await self.supervisor.abort(reason)
+
+    def abort_nowait(self, reason: AbortReason = "user") -> None:
+        """`abort` without waiting for the actors' acks: for code that cannot await."""
+        self._mark_aborted(reason)
+        self.supervisor.abort_nowait(reason)
+
+    def _mark_aborted(self, reason: AbortReason) -> None:
+        # Before the broadcast: an Abort that overtakes the RunQuery still reaches the query.
+        if self._control is not None:
+            self._control.request_abort(reason)
+
+    async def transcript(self) -> list[TranscriptMessage]:
+        """The conversation so far: every transcript message emitted, tombstoned ones removed."""
+        conversation: list[TranscriptMessage] = await self._loop.ask(GetConversation(), block=False)
+        return conversation
+
+    def live_tasks(self) -> int:
+        """Work tasks of this session still running (0 once a query's stream has ended)."""
+        return sum(actor.busy for actor in self.supervisor.actors)
+
+    async def close(self) -> None:
+        """Abort what runs, then stop every actor of the session."""
+        control = self._control
+        if control is not None and not control.finished and not self.supervisor.closed:
+            await self.abort("shutdown")
+            await control.ended.wait()  # the aborted query ends properly before its actors stop
+        await self.supervisor.close()
+        if self._current_events is not None:
+            self._current_events.close()
+
+    def _crashed(self, failure: ActorCrashed) -> None:
+        if self._current_events is not None:
+            self._current_events.close()  # the handle ends and raises the failure

@@ -1,0 +1,216 @@
+"""`PriorityInbox` and `Dispatcher`: how mail reaches a `TrioActor`'s handlers.
+
+An actor's handlers are plain functions that return at once (long work runs in
+trio tasks of its own), so an idle actor needs no task parked on its mailbox:
+a message is handled by the trio thread's `Dispatcher`, right when it is put
+if nothing else is being handled, else as soon as the handler running now (and
+the mail queued before it) has returned. Invariants:
+
+* **One handler at a time per thread**, never re-entered: mail sent by a handler
+  is queued and handled after that handler returns, not inside it.
+* **Per-actor order**: an actor's ordinary mail is handled in the order it was
+  put; its urgent lane (`queryloop.runtime.kernel.messages.SupervisorMessage`) is handled before
+  any ordinary mail still queued.
+* **Gates**: an actor that is not started yet gets nothing delivered; one that is
+  aborting or stopping (waiting for its work to unwind) only its urgent lane.
+  Mail waits in the inbox meanwhile and flows again when the gate opens.
+* **After the handlers**: `after_handlers(fn)` runs `fn` once no handler is running
+  (at once if none is; else when the mail queued meanwhile has been handled too).
+  There, as in work, an ask to an idle actor whose handler returns at once is
+  answered before `ask` returns.
+* **Threads**: `put` from the inbox's own trio thread queues directly; from any
+  other thread it is handed to that thread through the `TrioToken`, so an inbox
+  and its dispatcher are only ever touched on their trio thread.
+
+Why not a task per actor: a parked task costs a coroutine stack, a context and a
+cancel status per actor, kept by every idle session, and every message costs a
+reschedule and a task switch; trio's run queue then carries six tasks per
+session. Delivery here costs a function call. What is awaited (model calls,
+tools) still runs as trio tasks, under cancel scopes the actor owns.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from pykka import ActorDeadError
+from pykka.messages import _ActorStop
+from trio.lowlevel import TrioToken, current_trio_token
+
+from queryloop.runtime.kernel.messages import SupervisorMessage
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pykka._envelope import Envelope
+
+    from queryloop.runtime.kernel._future import TrioFuture
+    from queryloop.runtime.kernel.actor import TrioActor
+
+CLOSED = 0
+"""Gate: nothing is delivered (not started yet)."""
+URGENT_ONLY = 1
+"""Gate: supervisor mail only (the actor waits for its work to unwind)."""
+OPEN = 2
+"""Gate: all mail, urgent lane first."""
+
+
+class Dispatcher:
+    """Runs the handlers of every actor of one trio thread, one message at a time."""
+
+    __slots__ = ("_after", "_ready", "_running", "current")
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self._ready: deque[PriorityInbox] = deque()
+        self._after: deque[Callable[[], None]] = deque()
+        self._running = False
+        self.current: TrioActor | None = None
+        """The actor whose handler is running now (None between handlers)."""
+
+    @classmethod
+    def for_this_thread(cls) -> Dispatcher:
+        try:
+            dispatcher: Dispatcher = cls._local.dispatcher
+        except AttributeError:
+            dispatcher = cls._local.dispatcher = cls()
+        return dispatcher
+
+    def schedule(self, inbox: PriorityInbox) -> None:
+        """`inbox` has deliverable mail (it is not queued here already): deliver it in turn."""
+        self._ready.append(inbox)
+        if not self._running:
+            self._run()
+
+    def after_handlers(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` once no handler is running: now, or when the current run of handlers ends."""
+        if self._running:
+            self._after.append(fn)
+        else:
+            fn()
+
+    def _run(self) -> None:
+        self._running = True
+        ready = self._ready
+        try:
+            while ready:
+                inbox = ready.popleft()
+                inbox._scheduled = False  # noqa: SLF001 - the inbox's delivery state is the dispatcher's
+                envelope = inbox._next()  # noqa: SLF001
+                if envelope is None:
+                    continue
+                actor = inbox._actor  # noqa: SLF001
+                assert actor is not None
+                actor._handle_envelope(envelope)  # noqa: SLF001 - it routes every Exception itself
+                inbox.wake()
+        finally:
+            self._running = False
+            if ready:
+                # Only a BaseException (KeyboardInterrupt) gets here with mail left: go on later.
+                current_trio_token().run_sync_soon(self._resume)
+        after = self._after
+        while after and not self._running:
+            after.popleft()()  # each routes its own errors (`TrioActor.after_handlers`)
+
+    def _resume(self) -> None:
+        if self._ready and not self._running:
+            self._run()
+
+
+class PriorityInbox:
+    """An actor's mailbox; satisfies pykka's `ActorInbox` protocol (`put`, `get`, `empty`)."""
+
+    __slots__ = (
+        "_actor",
+        "_closed",
+        "_dispatcher",
+        "_gate",
+        "_normal",
+        "_scheduled",
+        "_thread",
+        "_token",
+        "_urgent",
+    )
+
+    def __init__(self, actor: TrioActor) -> None:
+        # Built on the trio thread (actors are constructed there), which it then belongs to.
+        self._token: TrioToken = current_trio_token()
+        self._thread = threading.get_ident()
+        self._dispatcher = Dispatcher.for_this_thread()
+        self._actor: TrioActor | None = actor
+        self._urgent: deque[Envelope[Any]] | None = None  # made on the first supervisor message
+        self._normal: deque[Envelope[Any]] = deque()
+        self._gate = CLOSED
+        self._scheduled = False
+        self._closed: str | None = None
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        if threading.get_ident() == self._thread:
+            self._put(envelope)
+        else:
+            self._token.run_sync_soon(self._put, envelope)
+
+    def _put(self, envelope: Envelope[Any]) -> None:
+        if self._closed is not None:
+            _refuse(envelope, self._closed)
+            return
+        if isinstance(envelope.message, SupervisorMessage):
+            if self._urgent is None:
+                self._urgent = deque()
+            self._urgent.append(envelope)
+        else:
+            self._normal.append(envelope)
+        self.wake()
+
+    def set_gate(self, gate: int) -> None:
+        """Let through nothing (`CLOSED`), supervisor mail only (`URGENT_ONLY`) or all (`OPEN`)."""
+        self._gate = gate
+        self.wake()
+
+    def wake(self) -> None:
+        """Hand the inbox to the dispatcher if it holds mail its gate lets through."""
+        if self._scheduled:
+            return
+        gate = self._gate
+        if (gate and self._urgent) or (gate == OPEN and self._normal):
+            self._scheduled = True
+            self._dispatcher.schedule(self)
+
+    def _next(self) -> Envelope[Any] | None:
+        if self._gate and self._urgent:
+            return self._urgent.popleft()
+        if self._gate == OPEN and self._normal:
+            return self._normal.popleft()
+        return None
+
+    def get(self) -> Envelope[Any]:
+        """Take the next envelope, urgent lane first, whatever the gate."""
+        return self._urgent.popleft() if self._urgent else self._normal.popleft()
+
+    def empty(self) -> bool:
+        return not (self._urgent or self._normal)
+
+    def close(self, why: str) -> None:
+        """Refuse what is queued and all later mail: asks fail with `ActorDeadError(why)`."""
+        self._closed = why
+        self._gate = CLOSED
+        self._actor = None  # the actor ↔ inbox cycle is broken: a stopped actor is freed by refcount
+        while self._urgent or self._normal:
+            _refuse(self.get(), why)
+
+    def __len__(self) -> int:
+        return len(self._urgent or ()) + len(self._normal)
+
+
+def _refuse(envelope: Envelope[Any], why: str) -> None:
+    """Answer mail that reached a dead actor as pykka does: a stop succeeds, an ask fails."""
+    reply_to: TrioFuture[Any] | None = envelope.reply_to  # type: ignore[assignment]
+    if reply_to is None or reply_to.done():
+        return
+    if isinstance(envelope.message, _ActorStop):
+        reply_to.set(None)
+    else:
+        reply_to.fail(ActorDeadError(why))

@@ -1,0 +1,10 @@
+"""One Claude-Code query loop's data and rules, with no actor in sight.
+
+Owns: the public events (`events`), the loop's `State`, its transitions and `Terminal` (`state`), the
+continue/terminal decision (`decisions`), context management thresholds and rewrites (`context`), the
+token budget gate (`token_budget`), the conversation's API form and invariants (`transcript`) and its
+durable file (`persistence`); and the contracts with the outside: the model provider protocol
+(`model`), the assembly of a streamed response (`stream`), tools (`tools`), hooks (`hooks`), prices
+(`pricing`) and `QueryOptions` (`options`).
+Imports only `queryloop.runtime.errors`; the actors call these functions, never the reverse.
+"""

@@ -1,0 +1,358 @@
+"""Context management as pure functions: token counts, thresholds and the lighter pipeline steps.
+
+The Compactor actor calls these in the order of seed 002's pipeline, lightest
+first. Each returns a new message list (messages are frozen; nothing is edited in
+place) and keeps every `tool_use` paired with its `tool_result`.
+
+Thresholds (`ContextLimits`), after Claude Code's autocompact module; every
+number is a `QueryOptions` field:
+
+    effective window   = context window - min(max output tokens, summary reserve 20,000)
+    autocompact at     = effective - 13,000
+    warning from       = autocompact threshold - 20,000   (microcompact and collapse staging start here)
+    blocking limit     = effective - 3,000
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from queryloop.runtime.loop.events import AssistantMessage, Block, SystemMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.token_budget import math_round
+
+CLEARED_TOOL_RESULT = "[Old tool result content cleared]"
+COMPACT_SUMMARY_PREFIX = (
+    "This session is being continued from a previous conversation that ran out of context. "
+    "The summary below covers the earlier portion of the conversation.\n\n"
+)
+COMPACT_INSTRUCTIONS = (
+    "Your task is to create a detailed summary of the conversation so far: the user's requests, what was "
+    "done (files, commands, tool results that matter), errors and how they were fixed, and what remains "
+    "to be done. Reply with the summary only."
+)
+
+
+class ContextLimits(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    context_window: int
+    max_output_tokens: int
+    summary_output_reserve: int = 20_000
+    autocompact_buffer: int = 13_000
+    warning_buffer: int = 20_000
+    blocking_buffer: int = 3_000
+
+    @property
+    def effective_window(self) -> int:
+        return self.context_window - min(self.max_output_tokens, self.summary_output_reserve)
+
+    @property
+    def autocompact_threshold(self) -> int:
+        return self.effective_window - self.autocompact_buffer
+
+    @property
+    def warning_threshold(self) -> int:
+        return self.autocompact_threshold - self.warning_buffer
+
+    @property
+    def blocking_limit(self) -> int:
+        return self.effective_window - self.blocking_buffer
+
+
+@dataclass(frozen=True, slots=True)
+class TokenWarningState:
+    percent_left: int
+    above_warning: bool
+    above_autocompact: bool
+    at_blocking_limit: bool
+
+
+def token_warning_state(tokens: int, limits: ContextLimits) -> TokenWarningState:
+    left = max(0, limits.autocompact_threshold - tokens)
+    return TokenWarningState(
+        percent_left=math_round(100 * left / max(1, limits.autocompact_threshold)),
+        above_warning=tokens >= limits.warning_threshold,
+        above_autocompact=tokens >= limits.autocompact_threshold,
+        at_blocking_limit=tokens >= limits.blocking_limit,
+    )
+
+
+# -- counting -------------------------------------------------------------------------------
+
+
+def estimate_tokens(message: TranscriptMessage) -> int:
+    """A rough count (4 characters a token), as the reference's estimation does between API counts."""
+    content = getattr(message, "content", "") if not isinstance(message, SystemMessage) else ""
+    if isinstance(content, str):
+        return len(content) // 4 + 4
+    return sum(_block_chars(b) for b in content) // 4 + 4
+
+
+def _block_chars(block: Block) -> int:
+    kind = block.get("type")
+    if kind == "text":
+        return len(block.get("text", ""))
+    if kind == "tool_result":
+        content = block.get("content", "")
+        return len(content) if isinstance(content, str) else sum(_block_chars(b) for b in content)
+    if kind == "tool_use":
+        return len(json.dumps(block.get("input", {}))) + len(block.get("name", ""))
+    return len(json.dumps(block))
+
+
+def token_count_with_estimation(messages: list[TranscriptMessage]) -> int:
+    """The usage of the last response (input + cache + output) plus an estimate of every message since.
+
+    Without a response in `messages` (a new query, or just after a compaction) the
+    whole count is an estimate.
+    """
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, AssistantMessage) and message.usage is not None:
+            usage = message.usage
+            counted = (
+                usage.input_tokens
+                + usage.cache_creation_input_tokens
+                + usage.cache_read_input_tokens
+                + usage.output_tokens
+            )
+            return counted + sum(estimate_tokens(m) for m in messages[index + 1 :])
+    return sum(estimate_tokens(m) for m in messages)
+
+
+def pipeline_needed(
+    messages: list[TranscriptMessage], limits: ContextLimits, *, max_tool_result_chars: int, snip_max_rounds: int | None
+) -> bool:
+    """Whether any step of the pipeline could change `messages` (False: the Compactor need not be asked).
+
+    Below every threshold, with no oversized tool result and no snip configured, every
+    step is the identity; most iterations of most queries are there.
+    """
+    if snip_max_rounds is not None:
+        return True
+    for message in messages:
+        if isinstance(message, UserMessage) and isinstance(message.content, list):
+            for block in message.content:
+                text = _result_text(block)
+                if text is not None and len(text) > max_tool_result_chars and not text.startswith("<persisted-output>"):
+                    return True
+    lowest = min(limits.warning_threshold, limits.autocompact_threshold, limits.blocking_limit)
+    return token_count_with_estimation(messages) >= lowest
+
+
+def collapse_may_stage(messages: list[TranscriptMessage], limits: ContextLimits) -> bool:
+    """Whether staging a context collapse could do anything (False: the Compactor need not be told).
+
+    The Compactor stages only above the warning threshold (`token_warning_state`).
+    """
+    return token_count_with_estimation(messages) >= limits.warning_threshold
+
+
+# -- rounds: the unit every step removes or rewrites, so pairing survives --------------------
+
+
+def split_rounds(messages: list[TranscriptMessage]) -> tuple[list[TranscriptMessage], list[list[TranscriptMessage]]]:
+    """(what precedes the first response, then one list per response with everything up to the next)."""
+    head: list[TranscriptMessage] = []
+    rounds: list[list[TranscriptMessage]] = []
+    previous_assistant = False
+    for message in messages:
+        is_assistant = isinstance(message, AssistantMessage)
+        if is_assistant and not previous_assistant:
+            rounds.append([])
+        if rounds:
+            rounds[-1].append(message)
+        else:
+            head.append(message)
+        if not isinstance(message, SystemMessage):
+            previous_assistant = is_assistant
+    return head, rounds
+
+
+# -- step 1: tool-result budget ----------------------------------------------------------------
+
+
+def apply_tool_result_budget(
+    messages: list[TranscriptMessage],
+    *,
+    max_chars: int,
+    preview_chars: int,
+    store: Callable[[str, str], str],
+) -> tuple[list[TranscriptMessage], int]:
+    """Oversized tool results go to `store(tool_use_id, text) -> path`; a preview and the path stay."""
+    replaced = 0
+    out: list[TranscriptMessage] = []
+    for message in messages:
+        if isinstance(message, UserMessage) and isinstance(message.content, list):
+            blocks = []
+            changed = False
+            for block in message.content:
+                text = _result_text(block)
+                # A result already persisted is never persisted again: its file holds the full output.
+                if text is not None and len(text) > max_chars and not text.startswith("<persisted-output>"):
+                    path = store(block["tool_use_id"], text)
+                    preview = (
+                        f"<persisted-output>\nOutput too large ({len(text)} characters). "
+                        f"Full output saved to: {path}\n\nPreview (first {preview_chars} characters):\n"
+                        f"{text[:preview_chars]}\n</persisted-output>"
+                    )
+                    blocks.append({**block, "content": preview})
+                    changed = True
+                    replaced += 1
+                else:
+                    blocks.append(block)
+            out.append(message.model_copy(update={"content": blocks}) if changed else message)
+        else:
+            out.append(message)
+    return out, replaced
+
+
+def _result_text(block: Block) -> str | None:
+    if block.get("type") != "tool_result":
+        return None
+    content = block.get("content", "")
+    if isinstance(content, str):
+        return content
+    if all(b.get("type") == "text" for b in content):
+        return "".join(b.get("text", "") for b in content)
+    return None  # images and other blocks are not persisted
+
+
+# -- step 2: snip ------------------------------------------------------------------------------
+
+
+def snip(messages: list[TranscriptMessage], max_rounds: int | None) -> tuple[list[TranscriptMessage], int]:
+    """Drop the oldest whole rounds beyond `max_rounds` (None: off); returns the tokens freed."""
+    if max_rounds is None:
+        return messages, 0
+    head, rounds = split_rounds(messages)
+    if len(rounds) <= max_rounds:
+        return messages, 0
+    dropped = rounds[: len(rounds) - max_rounds]
+    freed = sum(estimate_tokens(m) for r in dropped for m in r)
+    kept = [m for r in rounds[len(rounds) - max_rounds :] for m in r]
+    return [*head, *kept], freed
+
+
+# -- step 3: microcompact ------------------------------------------------------------------------
+
+
+def microcompact(messages: list[TranscriptMessage], keep_recent: int) -> tuple[list[TranscriptMessage], int]:
+    """Clear the content of every tool result but the `keep_recent` newest; the blocks (and pairing) stay."""
+    every_result = [
+        (i, j)
+        for i, m in enumerate(messages)
+        if isinstance(m, UserMessage) and isinstance(m.content, list)
+        for j, b in enumerate(m.content)
+        if b.get("type") == "tool_result"
+    ]
+    older = every_result[: max(0, len(every_result) - keep_recent)]
+    # Only what is not cleared yet: the newest `keep_recent` always stay whole, whatever ran before.
+    to_clear = {(i, j) for i, j in older if _content_at(messages, i, j) != CLEARED_TOOL_RESULT}
+    if not to_clear:
+        return messages, 0
+    out: list[TranscriptMessage] = []
+    for i, message in enumerate(messages):
+        if (
+            isinstance(message, UserMessage)
+            and isinstance(message.content, list)
+            and any((i, j) in to_clear for j in range(len(message.content)))
+        ):
+            blocks = [
+                {**b, "content": CLEARED_TOOL_RESULT} if (i, j) in to_clear else b
+                for j, b in enumerate(message.content)
+            ]
+            out.append(message.model_copy(update={"content": blocks}))
+        else:
+            out.append(message)
+    return out, len(to_clear)
+
+
+def _content_at(messages: list[TranscriptMessage], i: int, j: int) -> Any:
+    content = messages[i].content  # type: ignore[union-attr]
+    return content[j].get("content")  # type: ignore[union-attr]
+
+
+# -- step 4: context collapse ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StagedCollapse:
+    """A span of older rounds and the one message that would replace it."""
+
+    first_uuid: str
+    last_uuid: str
+    replacement: UserMessage
+    messages: int
+
+
+def stage_collapse(messages: list[TranscriptMessage], keep_recent_rounds: int) -> StagedCollapse | None:
+    """Fold every round but the `keep_recent_rounds` newest into one note (None if nothing to fold)."""
+    _, rounds = split_rounds(messages)
+    if len(rounds) <= keep_recent_rounds:
+        return None
+    span = [m for r in rounds[: len(rounds) - keep_recent_rounds] for m in r]
+    tools: dict[str, int] = {}
+    said: list[str] = []
+    for message in span:
+        if isinstance(message, AssistantMessage):
+            for block in message.content:
+                if block.get("type") == "tool_use":
+                    tools[block["name"]] = tools.get(block["name"], 0) + 1
+                elif block.get("type") == "text" and block.get("text"):
+                    said.append(block["text"][:200])
+    used = ", ".join(f"{name} ×{count}" for name, count in tools.items()) or "none"
+    note = f"[Collapsed {len(span)} earlier messages. Tools used: {used}.]" + (
+        "\nThe assistant said: " + " / ".join(said[-5:]) if said else ""
+    )
+    return StagedCollapse(
+        first_uuid=span[0].uuid,
+        last_uuid=span[-1].uuid,
+        replacement=UserMessage(content=note, is_meta=True),
+        messages=len(span),
+    )
+
+
+def commit_collapses(
+    messages: list[TranscriptMessage], staged: list[StagedCollapse]
+) -> tuple[list[TranscriptMessage], int]:
+    """Apply every staged collapse whose span is still there, whole; returns how many were committed."""
+    committed = 0
+    for collapse in staged:
+        uuids = [m.uuid for m in messages]
+        if collapse.first_uuid not in uuids or collapse.last_uuid not in uuids:
+            continue
+        start, end = uuids.index(collapse.first_uuid), uuids.index(collapse.last_uuid)
+        if end < start:
+            continue
+        messages = [*messages[:start], collapse.replacement, *messages[end + 1 :]]
+        committed += 1
+    return messages, committed
+
+
+# -- step 6: compaction --------------------------------------------------------------------------
+
+
+def post_compact_messages(summary: str, *, trigger: str, pre_tokens: int) -> list[TranscriptMessage]:
+    """The boundary (everything before it is no longer sent) and the summary that replaces it."""
+    return [
+        SystemMessage(
+            subtype="compact_boundary",
+            content="Conversation compacted",
+            data={"trigger": trigger, "pre_tokens": pre_tokens},
+        ),
+        UserMessage(content=COMPACT_SUMMARY_PREFIX + summary, is_meta=True),
+    ]
+
+
+def fit_for_summary(messages: list[TranscriptMessage], budget_tokens: int) -> list[TranscriptMessage]:
+    """Drop the oldest rounds until the compaction request itself fits (it must not fail for being full)."""
+    head, rounds = split_rounds(messages)
+    while rounds and sum(estimate_tokens(m) for m in [*head, *(m for r in rounds for m in r)]) > budget_tokens:
+        rounds = rounds[1:]
+    return [*head, *(m for r in rounds for m in r)]

@@ -1,0 +1,198 @@
+"""What a query produces: transcript messages and the events a consumer sees.
+
+Every item of a query's event stream is one of these frozen models, told apart
+by `type` (and `subtype` for system and result events). Transcript messages
+(`user`, `assistant`, `system`, `attachment`) are also what the session keeps
+as its conversation; the others (`stream_request_start`, `stream_event`,
+`progress`, `tombstone`, `tool_use_summary`, `result`) are for the consumer.
+
+Content blocks stay as the Messages API's own JSON objects (`dict`): unknown
+block types pass through unharmed, and nothing is converted on the way to the
+wire.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Block = dict[str, Any]
+"""A content block exactly as the Messages API has it (`{"type": "text", "text": ...}`, ...)."""
+
+_uuids = itertools.count(1)
+_process = secrets.token_hex(6)
+"""A per-process prefix: a resumed transcript mixes messages made by several processes (`loop.persistence`)."""
+
+
+def _new_process() -> None:
+    global _process  # noqa: PLW0603 - a forked child must not repeat its parent's ids
+    _process = secrets.token_hex(6)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_process)
+
+
+def new_uuid() -> str:
+    """A unique id for a message (cheap; the transcript needs uniqueness, not secrecy)."""
+    return f"m{_process}-{next(_uuids)}"
+
+
+class Event(BaseModel):
+    """Base of every event: frozen, unknown fields refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @property
+    def label(self) -> str:
+        """The scenario verdict's spelling: `system:<subtype>` for system messages, `type` otherwise.
+
+        SCENARIOS.md's example spells the final event plain `result`, so a result's
+        subtype is not part of its label.
+        """
+        kind: str = getattr(self, "type")  # noqa: B009 - every concrete event declares it
+        return f"system:{getattr(self, 'subtype', '')}" if kind == "system" else kind
+
+
+class Usage(BaseModel):
+    """The four token counts the API reports; accumulated per call and per query."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_creation_input_tokens=self.cache_creation_input_tokens + other.cache_creation_input_tokens,
+            cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
+        )
+
+
+# -- transcript messages ------------------------------------------------------------
+
+
+class UserMessage(Event):
+    type: Literal["user"] = "user"
+    uuid: str = Field(default_factory=new_uuid)
+    content: str | list[Block]
+    is_meta: bool = False
+    """Written by the runtime for the model (recovery prompts, hook feedback), not typed by a person."""
+
+
+class AssistantMessage(Event):
+    """One completed content block of a model response (a response spans several, sharing `message_id`)."""
+
+    type: Literal["assistant"] = "assistant"
+    uuid: str = Field(default_factory=new_uuid)
+    message_id: str
+    model: str
+    content: list[Block]
+    stop_reason: str | None = None
+    usage: Usage | None = None
+    """The response's usage as known when this block completed (input side final, output partial)."""
+    is_api_error: bool = False
+    """A synthetic message that reports an API error to the user; never sent back to the model."""
+
+
+def api_error_message(model: str, text: str) -> AssistantMessage:
+    """The synthetic assistant message that reports an API error to the user (never sent to the model)."""
+    return AssistantMessage(
+        message_id="api_error", model=model, content=[{"type": "text", "text": text}], is_api_error=True
+    )
+
+
+class SystemMessage(Event):
+    """A notice for the user (model fallback, compaction boundary, retries); never sent to the model."""
+
+    type: Literal["system"] = "system"
+    uuid: str = Field(default_factory=new_uuid)
+    subtype: str
+    content: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class AttachmentMessage(Event):
+    """Context injected between turns (`attachment.type`: file change, queued message, max_turns_reached...)."""
+
+    type: Literal["attachment"] = "attachment"
+    uuid: str = Field(default_factory=new_uuid)
+    attachment: dict[str, Any]
+
+
+TranscriptMessage = Annotated[
+    UserMessage | AssistantMessage | SystemMessage | AttachmentMessage, Field(discriminator="type")
+]
+
+# -- consumer-only events ---------------------------------------------------------------
+
+
+class StreamRequestStart(Event):
+    type: Literal["stream_request_start"] = "stream_request_start"
+
+
+class StreamEvent(Event):
+    """A raw Messages API stream event, passed through as received."""
+
+    type: Literal["stream_event"] = "stream_event"
+    event: dict[str, Any]
+
+
+class ProgressEvent(Event):
+    type: Literal["progress"] = "progress"
+    tool_use_id: str
+    data: Any
+
+
+class TombstoneEvent(Event):
+    """Retracts an assistant message already emitted (its response was abandoned on fallback)."""
+
+    type: Literal["tombstone"] = "tombstone"
+    message_uuid: str
+
+
+class ToolUseSummaryEvent(Event):
+    type: Literal["tool_use_summary"] = "tool_use_summary"
+    summary: str
+    preceding_tool_use_ids: list[str]
+
+
+ResultSubtype = Literal["success", "error_max_turns", "error_max_budget_usd", "error_during_execution"]
+
+
+class ResultMessage(Event):
+    """The last event of every query, whatever its end."""
+
+    type: Literal["result"] = "result"
+    subtype: ResultSubtype
+    is_error: bool
+    duration_ms: int
+    result: str = ""
+    stop_reason: str | None = None
+    total_cost_usd: float
+    usage: Usage
+    num_turns: int
+    errors: list[str] = Field(default_factory=list)
+
+
+QueryEvent = Annotated[
+    UserMessage
+    | AssistantMessage
+    | SystemMessage
+    | AttachmentMessage
+    | StreamRequestStart
+    | StreamEvent
+    | ProgressEvent
+    | TombstoneEvent
+    | ToolUseSummaryEvent
+    | ResultMessage,
+    Field(discriminator="type"),
+]

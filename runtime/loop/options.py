@@ -1,0 +1,110 @@
+"""`QueryOptions`: everything a session's queries are configured with, validated once."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from queryloop.runtime.loop.events import TranscriptMessage
+from queryloop.runtime.loop.hooks import PostToolUseHook, StopHook
+from queryloop.runtime.loop.model import ModelProvider
+from queryloop.runtime.loop.pricing import Pricing, pricing_for
+from queryloop.runtime.loop.tools import CanUseTool, Tool
+
+DEFAULT_SYSTEM_PROMPT = [
+    "You are an agent that completes the user's task using the tools provided.",
+    "Prefer small, verifiable steps. Report what you did and what remains.",
+]
+
+
+@runtime_checkable
+class AttachmentSource(Protocol):
+    """Something that injects context between turns (file-change notices, queued user messages)."""
+
+    async def collect(self) -> list[dict[str, Any]]:
+        """Attachments (`{"type": ..., "content": ...}`) that arose since the last call."""
+        ...
+
+
+MemoryPrefetch = Callable[[list[TranscriptMessage]], Awaitable[str | None]]
+
+
+class QueryOptions(BaseModel):
+    """Options of a session; `Session.query(..., **overrides)` may change them for one query."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    model: str = "claude-sonnet-5-5"
+    fallback_model: str | None = None
+    system_prompt: str | None = None
+    """Replaces the default system prompt when given."""
+    append_system_prompt: str | None = None
+    user_context: dict[str, str] = Field(default_factory=dict)
+    system_context: dict[str, str] = Field(default_factory=dict)
+    max_turns: int | None = Field(default=None, ge=1)
+    max_budget_usd: float | None = Field(default=None, gt=0)
+    token_budget: int | None = Field(default=None, ge=1)
+    auto_compact: bool = True
+    context_window: int | None = Field(default=None, ge=1000)
+    max_output_tokens: int = Field(default=8000, ge=1)
+    escalated_max_output_tokens: int = Field(default=64000, ge=1)
+    max_retries: int = Field(default=2, ge=0)
+    thinking: dict[str, Any] | None = None
+    pricing: Pricing | None = None
+    tools: list[Tool] = Field(default_factory=list)
+    can_use_tool: CanUseTool | None = None
+    stop_hooks: list[StopHook] = Field(default_factory=list)
+    post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
+    attachment_sources: list[AttachmentSource] = Field(default_factory=list)
+    memory_prefetch: MemoryPrefetch | None = None
+    provider: ModelProvider | None = None
+    """The model provider (dependency injection); `Runtime.open_session` requires one."""
+    small_model: str = "claude-haiku-5-5"
+    """The model of the runtime's own small calls (tool-use summaries)."""
+    tool_use_summaries: bool = False
+    """Summarize each tool batch with `small_model` while the next call runs (`tool_use_summary` events)."""
+    summary_provider: ModelProvider | None = None
+    """Provider of the summaries; the main provider when None."""
+    compact_provider: ModelProvider | None = None
+    """Provider of the compaction calls (made with `model`); the main provider when None."""
+
+    # -- context management (defaults after Claude Code's; see runtime/context.py) --
+    reactive_compact: bool = True
+    """On a prompt-too-long error, compact once and retry."""
+    context_collapse: bool = True
+    """Stage collapses of older rounds in the background; commit them on a prompt-too-long error."""
+    max_tool_result_chars: int = Field(default=50_000, ge=100)
+    """A larger tool result is written to the session directory and replaced by a preview and its path."""
+    tool_result_preview_chars: int = Field(default=2_000, ge=0)
+    microcompact_keep_recent: int = Field(default=8, ge=0)
+    """Past the warning threshold, all but this many newest tool results have their content cleared."""
+    collapse_keep_recent_rounds: int = Field(default=4, ge=1)
+    snip_max_rounds: int | None = Field(default=None, ge=1)
+    """Drop the oldest rounds beyond this many (off by default)."""
+    summary_output_reserve: int = Field(default=20_000, ge=1)
+    autocompact_buffer_tokens: int = Field(default=13_000, ge=0)
+    warning_buffer_tokens: int = Field(default=20_000, ge=0)
+    blocking_buffer_tokens: int = Field(default=3_000, ge=0)
+    task_budget: int | None = Field(default=None, ge=1)
+    """A server-side token budget for the task, sent as `task_budget` with what remains of it."""
+    session_dir: Path | None = None
+    """Where oversized tool results are written; a temporary directory when None."""
+    event_buffer: int = Field(default=64, ge=1)
+    """Events buffered between the loop and a slow consumer before the loop waits (backpressure)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> QueryOptions:
+        names = [t.name for t in self.tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            msg = f"tools: duplicate tool names {duplicates}"
+            raise ValueError(msg)
+        # A model without a known price is refused here, not priced at $0 later.
+        pricing_for(self.model, self.pricing)
+        for model in (self.fallback_model, self.small_model):
+            if model is not None and model != self.model:
+                pricing_for(model)
+        return self

@@ -1,0 +1,273 @@
+"""The loop's `State`, its `Continue` transitions and its `Terminal` (seed 001).
+
+Every continue site builds a *new* `State` from the old one with one of the
+functions below, so what each site resets or keeps is written once, here, and
+tested without any actor running. The only exception is the fallback retry,
+which is a bare `continue` with the state untouched (seed 001).
+
+What each site does to the fields that carry across iterations:
+
+| site | recovery count | reactive guard | output override | stop hook active |
+|---|---|---|---|---|
+| next_turn | 0 | reset | reset | cleared |
+| max_output_tokens_escalate | kept | kept | ESCALATED | cleared |
+| max_output_tokens_recovery | +1 | kept | kept | cleared |
+| stop_hook_blocking | 0 | **kept** (the production incident) | reset | True |
+| token_budget_continuation | 0 | reset | reset | cleared |
+| reactive_compact_retry | kept | True | reset | cleared |
+| collapse_drain_retry | kept | kept | reset | cleared |
+
+Every site also drops the pending tool-use summary it has consumed, except
+`next_turn`, which installs the one for the batch that just ran.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from queryloop.runtime.loop.events import AssistantMessage, TranscriptMessage, UserMessage
+
+MAX_OUTPUT_TOKENS_RECOVERY_LIMIT = 3
+"""Recovery messages allowed per response chain before the withheld error surfaces (seed 001)."""
+
+MAX_OUTPUT_TOKENS_RECOVERY_TEXT = (
+    "Output token limit hit. Resume directly — no apology, no recap of what you were doing. "
+    "Pick up mid-thought if that is where the cut happened. Break remaining work into smaller pieces."
+)
+"""The meta message of `max_output_tokens_recovery` (seed 001's text, completed)."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NextTurn(_Frozen):
+    reason: Literal["next_turn"] = "next_turn"
+
+
+class MaxOutputTokensEscalate(_Frozen):
+    reason: Literal["max_output_tokens_escalate"] = "max_output_tokens_escalate"
+
+
+class MaxOutputTokensRecovery(_Frozen):
+    reason: Literal["max_output_tokens_recovery"] = "max_output_tokens_recovery"
+    attempt: int
+
+
+class ReactiveCompactRetry(_Frozen):
+    reason: Literal["reactive_compact_retry"] = "reactive_compact_retry"
+
+
+class CollapseDrainRetry(_Frozen):
+    reason: Literal["collapse_drain_retry"] = "collapse_drain_retry"
+    committed: int
+
+
+class StopHookBlocking(_Frozen):
+    reason: Literal["stop_hook_blocking"] = "stop_hook_blocking"
+
+
+class TokenBudgetContinuation(_Frozen):
+    reason: Literal["token_budget_continuation"] = "token_budget_continuation"
+
+
+Continue = Annotated[
+    NextTurn
+    | MaxOutputTokensEscalate
+    | MaxOutputTokensRecovery
+    | ReactiveCompactRetry
+    | CollapseDrainRetry
+    | StopHookBlocking
+    | TokenBudgetContinuation,
+    Field(discriminator="reason"),
+]
+ContinueReason = Literal[
+    "next_turn",
+    "max_output_tokens_escalate",
+    "max_output_tokens_recovery",
+    "reactive_compact_retry",
+    "collapse_drain_retry",
+    "stop_hook_blocking",
+    "token_budget_continuation",
+]
+
+TerminalReason = Literal[
+    "completed",
+    "max_turns",
+    "max_budget_usd",
+    "aborted_streaming",
+    "aborted_tools",
+    "blocking_limit",
+    "stop_hook_prevented",
+    "hook_stopped",
+    "prompt_too_long",
+    "model_error",
+    "image_error",
+]
+
+
+class Terminal(_Frozen):
+    """How a query ended."""
+
+    reason: TerminalReason
+    turn_count: int | None = None
+    error: str | None = None
+
+
+class AutoCompactTracking(_Frozen):
+    """Usage of the latest response, for the autocompact threshold; None until a response arrived."""
+
+    last_input_tokens: int
+    compactions: int = 0
+
+
+class State(_Frozen):
+    """What one iteration hands to the next (seed 001's fields).
+
+    `toolUseContext`, the one field the reference mutates inside an iteration, is
+    the QueryLoop's per-query context instead (current model, tools, abort), so
+    that a fallback can switch the model while this State stays the same object.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    messages: list[TranscriptMessage]
+    auto_compact_tracking: AutoCompactTracking | None = None
+    max_output_tokens_recovery_count: int = 0
+    has_attempted_reactive_compact: bool = False
+    max_output_tokens_override: int | None = None
+    pending_tool_use_summary: Any = None
+    """An awaitable of the summary of the previous tool batch, or None."""
+    stop_hook_active: bool = False
+    turn_count: int = 1
+    transition: Continue | None = None
+
+
+# -- the continue sites ---------------------------------------------------------------
+
+
+def _evolve(state: State, **changes: Any) -> State:
+    # Continue sites build from already-valid parts: copy without re-validating.
+    return state.model_copy(update=changes)
+
+
+def next_turn(
+    state: State,
+    messages: list[TranscriptMessage],
+    pending_tool_use_summary: Any = None,
+) -> State:
+    """Tools ran: go on with their results; a fresh response chain starts."""
+    return _evolve(
+        state,
+        messages=messages,
+        turn_count=state.turn_count + 1,
+        max_output_tokens_recovery_count=0,
+        has_attempted_reactive_compact=False,
+        max_output_tokens_override=None,
+        pending_tool_use_summary=pending_tool_use_summary,
+        stop_hook_active=False,
+        transition=NextTurn(),
+    )
+
+
+def max_output_tokens_escalate(
+    state: State, messages_for_query: list[TranscriptMessage], escalated_max_tokens: int
+) -> State:
+    """First truncation: retry the same input, silently, with the larger output limit."""
+    return _evolve(
+        state,
+        messages=messages_for_query,
+        max_output_tokens_override=escalated_max_tokens,
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        transition=MaxOutputTokensEscalate(),
+    )
+
+
+def max_output_tokens_recovery(
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    assistant_messages: list[AssistantMessage],
+    recovery_message: UserMessage,
+) -> State:
+    """Truncated again: keep the partial answer and ask the model to resume (escalated limit kept)."""
+    attempt = state.max_output_tokens_recovery_count + 1
+    return _evolve(
+        state,
+        messages=[*messages_for_query, *assistant_messages, recovery_message],
+        max_output_tokens_recovery_count=attempt,
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        transition=MaxOutputTokensRecovery(attempt=attempt),
+    )
+
+
+def stop_hook_blocking(
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    assistant_messages: list[AssistantMessage],
+    blocking_errors: list[UserMessage],
+) -> State:
+    """A stop hook objected: show the model its errors and let it answer again.
+
+    `has_attempted_reactive_compact` is kept on purpose: resetting it caused an
+    infinite compact → still too long → hook blocks → compact loop in production
+    (seed 001). The recovery count is reset: the new response deserves all three
+    attempts.
+    """
+    return _evolve(
+        state,
+        messages=[*messages_for_query, *assistant_messages, *blocking_errors],
+        max_output_tokens_recovery_count=0,
+        max_output_tokens_override=None,
+        pending_tool_use_summary=None,
+        stop_hook_active=True,
+        transition=StopHookBlocking(),
+    )
+
+
+def token_budget_continuation(
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    assistant_messages: list[AssistantMessage],
+    nudge: UserMessage,
+) -> State:
+    """The token budget allows more work: a normal continuation, so every recovery guard resets."""
+    return _evolve(
+        state,
+        messages=[*messages_for_query, *assistant_messages, nudge],
+        max_output_tokens_recovery_count=0,
+        has_attempted_reactive_compact=False,
+        max_output_tokens_override=None,
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        transition=TokenBudgetContinuation(),
+    )
+
+
+def reactive_compact_retry(state: State, post_compact_messages: list[TranscriptMessage]) -> State:
+    """The 413 was answered by a full compaction: retry once with the compacted history."""
+    return _evolve(
+        state,
+        messages=post_compact_messages,
+        has_attempted_reactive_compact=True,
+        auto_compact_tracking=None,
+        max_output_tokens_override=None,
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        transition=ReactiveCompactRetry(),
+    )
+
+
+def collapse_drain_retry(state: State, drained_messages: list[TranscriptMessage], committed: int) -> State:
+    """The 413 was answered by committing staged collapses: retry (never twice in a row)."""
+    return _evolve(
+        state,
+        messages=drained_messages,
+        max_output_tokens_override=None,
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        transition=CollapseDrainRetry(committed=committed),
+    )

@@ -1,0 +1,150 @@
+"""`ResponseAssembler`: raw Messages API events in, completed content blocks out.
+
+Pure and synchronous, so the wire's quirks are tested without an actor:
+`input_json_delta` fragments (of any block that has an `input`: client and
+server tool uses) are joined and parsed at `content_block_stop`
+(`""` alone means `{}`); `ping` and unknown event or delta types change
+nothing; a block still open when the stream stops (`max_tokens` inside a
+`tool_use` sends no `content_block_stop`) is returned by `close_truncated()` so
+its tool is answered with an error and never run; `stop_reason` stays None
+until a `message_delta` says otherwise, so a stream cut before
+`message_stop` is recognised as incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from queryloop.runtime.loop.events import Block, Usage
+
+if TYPE_CHECKING:
+    from queryloop.runtime.loop.model import ModelProvider, ModelRequest
+
+
+@dataclass(slots=True)
+class CompletedBlock:
+    index: int
+    block: Block
+    input_error: str | None = None
+    """Why a tool_use's input could not be used (invalid JSON, cut off); None when it is fine."""
+
+
+@dataclass(slots=True)
+class ResponseAssembler:
+    message_id: str = ""
+    model: str = ""
+    stop_reason: str | None = None
+    stopped: bool = False
+    usage: Usage = field(default_factory=Usage)
+    _open: dict[int, Block] = field(default_factory=dict)
+    _json: dict[int, list[str]] = field(default_factory=dict)
+
+    def feed(self, event: dict[str, Any]) -> CompletedBlock | None:
+        """Take one raw event; return the block it completed, if any."""
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            self._delta(event["index"], event["delta"])
+        elif kind == "content_block_start":
+            index = event["index"]
+            self._open[index] = dict(event["content_block"])
+            if "input" in self._open[index]:  # tool_use, server_tool_use, mcp_tool_use: input streams as JSON
+                self._json[index] = []
+        elif kind == "content_block_stop":
+            return self._complete(event["index"])
+        elif kind == "message_start":
+            message = event["message"]
+            self.message_id = message.get("id", "")
+            self.model = message.get("model", "")
+            self.usage = usage_from(message.get("usage") or {}, Usage())
+        elif kind == "message_delta":
+            self.stop_reason = (event.get("delta") or {}).get("stop_reason", self.stop_reason)
+            self.usage = usage_from(event.get("usage") or {}, self.usage)
+        elif kind == "message_stop":
+            self.stopped = True
+        return None
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> None:
+        block = self._open.get(index)
+        if block is None:
+            return
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = block.get("text", "") + delta.get("text", "")
+        elif kind == "input_json_delta":
+            self._json[index].append(delta.get("partial_json", ""))
+        elif kind == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+        elif kind == "signature_delta":
+            block["signature"] = delta.get("signature", "")
+        elif kind == "citations_delta":
+            block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "compaction_delta":  # the server's summary: it must be sent back intact
+            block["content"] = (block.get("content") or "") + delta.get("content", "")
+
+    def _complete(self, index: int) -> CompletedBlock | None:
+        block = self._open.pop(index, None)
+        if block is None:
+            return None
+        fragments = self._json.pop(index, None)
+        if fragments is None:
+            return CompletedBlock(index, block)
+        raw = "".join(fragments)
+        if not raw.strip():  # no fragment (or only ""): the input is what the start carried, else {}
+            block["input"] = block.get("input") or {}
+            return CompletedBlock(index, block)
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as error:
+            block["input"] = {}
+            return CompletedBlock(index, block, f"InputValidationError: the input is not valid JSON ({error})")
+        if not isinstance(parsed, dict):
+            block["input"] = {}
+            return CompletedBlock(index, block, "InputValidationError: the input is not a JSON object")
+        block["input"] = parsed
+        return CompletedBlock(index, block)
+
+    def close_truncated(self) -> list[CompletedBlock]:
+        """Blocks left open at the end of the stream: cut off, never to be run."""
+        cut = []
+        for index in sorted(self._open):
+            block = self._open.pop(index)
+            if block.get("type") == "tool_use":
+                block["input"] = {}
+                self._json.pop(index, None)
+                reason = f"the tool input was cut off by {self.stop_reason or 'the end of the stream'}"
+                cut.append(CompletedBlock(index, block, f"InputValidationError: {reason}; the tool did not run"))
+        return cut
+
+
+def usage_from(raw: dict[str, Any], previous: Usage) -> Usage:
+    """The usage after a `message_start` / `message_delta` usage object, given the usage before it."""
+    # message_delta usage is cumulative: a non-zero field replaces the previous value. A zero
+    # leaves it, as the reference's updateUsage does (deltas report 0 for counts they omit).
+    return Usage(
+        input_tokens=raw.get("input_tokens") or previous.input_tokens,
+        output_tokens=raw.get("output_tokens") or previous.output_tokens,
+        cache_creation_input_tokens=raw.get("cache_creation_input_tokens") or previous.cache_creation_input_tokens,
+        cache_read_input_tokens=raw.get("cache_read_input_tokens") or previous.cache_read_input_tokens,
+    )
+
+
+async def complete_text(provider: ModelProvider, request: ModelRequest) -> tuple[str, Usage]:
+    """The text of one whole response and its usage (the runtime's own small calls: summaries, compaction).
+
+    Raises the provider's `ModelError`, or a `connection` one if the stream stopped before `message_stop`.
+    """
+    from queryloop.runtime.loop.model import ModelError
+
+    assembler = ResponseAssembler()
+    texts: list[str] = []
+    async with aclosing(provider.stream(request)) as stream:
+        async for raw in stream:
+            completed = assembler.feed(raw)
+            if completed is not None and completed.block.get("type") == "text":
+                texts.append(completed.block.get("text", ""))
+    if not assembler.stopped:
+        raise ModelError("connection", f"the {request.purpose} stream ended before message_stop")
+    return "".join(texts).strip(), assembler.usage

@@ -1,0 +1,258 @@
+"""Pure functions over the conversation: what is sent to the API, and whether it is valid.
+
+`normalize_messages_for_api` turns the session's transcript into the Messages
+API's `messages`: internal fields and system messages dropped, attachments meant
+for the model turned into user text, the blocks of one response merged into one
+assistant message, consecutive same-role messages merged (tool results first),
+and every `tool_use` paired with exactly one `tool_result` (a missing result is
+synthesized, an orphan result dropped, both logged: they would be a 400).
+
+`transcript_problems` checks the same property *without* repairing anything:
+the tests and the scenario verdict use it, so a bug cannot hide behind the repair.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loguru import logger
+
+from queryloop.runtime.loop.events import (
+    AssistantMessage,
+    AttachmentMessage,
+    Block,
+    SystemMessage,
+    TranscriptMessage,
+    UserMessage,
+)
+
+INTERRUPTED_BY_USER = "Interrupted by user"
+INTERRUPT_MESSAGE = "[Request interrupted by user]"
+INTERRUPT_MESSAGE_FOR_TOOL_USE = "[Request interrupted by user for tool use]"
+
+MODEL_VISIBLE_ATTACHMENTS = frozenset({"file_changed", "queued_message", "memory", "text"})
+"""Attachment types whose `content` the model sees (as a system reminder or, for queued messages, as is)."""
+
+
+def tool_error(message: str) -> str:
+    """The body of an error tool result, as the reference shapes it."""
+    return f"<tool_use_error>{message}</tool_use_error>"
+
+
+def tool_result_message(tool_use_id: str, content: str | list[Block], *, is_error: bool) -> UserMessage:
+    block: Block = {
+        "type": "tool_result",
+        "tool_use_id": tool_use_id,
+        "content": content,
+        "is_error": is_error,
+    }
+    return UserMessage(content=[block])
+
+
+def messages_after_compact_boundary(messages: list[TranscriptMessage]) -> list[TranscriptMessage]:
+    """Only what follows the last `compact_boundary` is sent: everything before it is in its summary."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
+            return messages[index + 1 :]
+    return messages
+
+
+def tool_use_ids(messages: list[AssistantMessage]) -> list[str]:
+    return [b["id"] for m in messages for b in m.content if b.get("type") == "tool_use"]
+
+
+def result_ids(messages: list[TranscriptMessage]) -> set[str]:
+    return {
+        b["tool_use_id"]
+        for m in messages
+        if isinstance(m, UserMessage) and isinstance(m.content, list)
+        for b in m.content
+        if b.get("type") == "tool_result"
+    }
+
+
+def missing_tool_results(
+    assistant_messages: list[AssistantMessage], results: list[TranscriptMessage], text: str
+) -> list[UserMessage]:
+    """Synthetic error results for every `tool_use` that has none yet (seed 000's `yieldMissingToolResultBlocks`)."""
+    have = result_ids(results)
+    return [
+        tool_result_message(tool_id, text, is_error=True)
+        for tool_id in tool_use_ids(assistant_messages)
+        if tool_id not in have
+    ]
+
+
+def strip_signature_blocks(messages: list[TranscriptMessage]) -> list[TranscriptMessage]:
+    """Drop thinking blocks, whose signatures bind them to the model being left (fallback, seed 001)."""
+    out: list[TranscriptMessage] = []
+    for message in messages:
+        if isinstance(message, AssistantMessage) and any(_is_thinking(b) for b in message.content):
+            kept = [b for b in message.content if not _is_thinking(b)]
+            if kept:
+                out.append(message.model_copy(update={"content": kept}))
+        else:
+            out.append(message)
+    return out
+
+
+def _is_thinking(block: Block) -> bool:
+    return block.get("type") in ("thinking", "redacted_thinking")
+
+
+def user_context_message(user_context: dict[str, str]) -> UserMessage | None:
+    """The user context, prepended to the messages (not the system prompt) as the reference does."""
+    if not user_context:
+        return None
+    lines = "\n".join(f"# {key}\n{value}" for key, value in user_context.items())
+    text = (
+        "<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
+        f"{lines}\n</system-reminder>"
+    )
+    return UserMessage(content=text, is_meta=True)
+
+
+def build_system_prompt(
+    default: list[str],
+    *,
+    custom: str | None = None,
+    append: str | None = None,
+    system_context: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Layered: the custom prompt or the default, then the appended prompt, then the system context."""
+    parts = [custom] if custom is not None else list(default)
+    if append:
+        parts.append(append)
+    if system_context:
+        parts.append("\n".join(f"{key}: {value}" for key, value in system_context.items()))
+    return [{"type": "text", "text": part} for part in parts if part]
+
+
+# -- normalization ------------------------------------------------------------------------
+
+
+def _api_blocks(message: TranscriptMessage) -> tuple[str, list[Block]] | None:
+    """The role and content blocks one transcript message contributes, or None if it is not sent."""
+    if isinstance(message, AssistantMessage):
+        return None if message.is_api_error else ("assistant", list(message.content))
+    if isinstance(message, UserMessage):
+        content = message.content
+        return "user", ([{"type": "text", "text": content}] if isinstance(content, str) else list(content))
+    if isinstance(message, AttachmentMessage):
+        kind = message.attachment.get("type")
+        if kind not in MODEL_VISIBLE_ATTACHMENTS:
+            return None
+        text = str(message.attachment.get("content", ""))
+        if kind != "queued_message":
+            text = f"<system-reminder>\n{text}\n</system-reminder>"
+        return "user", [{"type": "text", "text": text}]
+    return None  # system messages are for the user only
+
+
+def _merge(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
+    merged: list[dict[str, Any]] = []
+    for message in messages:
+        part = _api_blocks(message)
+        if part is None:
+            continue
+        role, blocks = part
+        if merged and merged[-1]["role"] == role:
+            merged[-1]["content"].extend(blocks)
+        else:
+            merged.append({"role": role, "content": blocks})
+    for api_message in merged:
+        if api_message["role"] == "user":  # tool results must open the user message that answers a tool_use
+            content = api_message["content"]
+            api_message["content"] = [b for b in content if b.get("type") == "tool_result"] + [
+                b for b in content if b.get("type") != "tool_result"
+            ]
+    return merged
+
+
+def normalize_messages_for_api(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
+    """The Messages API `messages` for this transcript, paired and alternating (see module doc)."""
+    merged = _merge(messages)
+    paired: list[dict[str, Any]] = []
+    for index, message in enumerate(merged):
+        if message["role"] == "assistant":
+            paired.append(message)
+            following = merged[index + 1] if index + 1 < len(merged) else None
+            if following is None and _uses(message):
+                paired.append(_answer(message, {"role": "user", "content": []}))
+            continue
+        previous = merged[index - 1] if index else None
+        paired.append(_answer(previous, message))
+    return _realternate([m for m in paired if m["content"]])
+
+
+def _uses(message: dict[str, Any] | None) -> list[str]:
+    if message is None or message["role"] != "assistant":
+        return []
+    return [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
+
+
+def _answer(assistant: dict[str, Any] | None, user: dict[str, Any]) -> dict[str, Any]:
+    """`user` with exactly one result per tool_use of `assistant`, first; orphans dropped, gaps filled."""
+    wanted = _uses(assistant)
+    by_id: dict[str, Block] = {}
+    for block in user["content"]:
+        if block.get("type") != "tool_result":
+            continue
+        if block["tool_use_id"] in wanted and block["tool_use_id"] not in by_id:
+            by_id[block["tool_use_id"]] = block
+        else:
+            logger.warning("dropped a tool_result with no matching tool_use: {}", block["tool_use_id"])
+    for tool_id in wanted:
+        if tool_id not in by_id:
+            logger.warning("synthesized a missing tool_result for {}", tool_id)
+            by_id[tool_id] = {
+                "type": "tool_result",
+                "tool_use_id": tool_id,
+                "content": tool_error("Tool result missing"),
+                "is_error": True,
+            }
+    others = [b for b in user["content"] if b.get("type") != "tool_result"]
+    return {"role": "user", "content": [by_id[t] for t in wanted] + others}
+
+
+def _realternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Dropping an emptied message can leave two of one role side by side: join them.
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if out and out[-1]["role"] == message["role"]:
+            out[-1]["content"].extend(message["content"])
+        else:
+            out.append(message)
+    return out
+
+
+def transcript_problems(messages: list[TranscriptMessage]) -> list[str]:
+    """What would make this transcript invalid to send, without repairing anything (empty = valid)."""
+    merged = _merge(messages_after_compact_boundary(messages))
+    problems: list[str] = []
+    if merged and merged[0]["role"] != "user":
+        problems.append("the first message is not a user message")
+    for index, message in enumerate(merged):
+        if index and merged[index - 1]["role"] == message["role"]:
+            problems.append(f"messages {index - 1} and {index} share the role {message['role']}")
+        previous_uses: set[str] = set()
+        if index and merged[index - 1]["role"] == "assistant":
+            previous_uses = {b["id"] for b in merged[index - 1]["content"] if b.get("type") == "tool_use"}
+        if message["role"] == "user":
+            seen: list[str] = [b["tool_use_id"] for b in message["content"] if b.get("type") == "tool_result"]
+            for tool_id in seen:
+                if tool_id not in previous_uses:
+                    problems.append(f"message {index}: tool_result {tool_id} answers no tool_use")
+            for tool_id in {t for t in seen if seen.count(t) > 1}:
+                problems.append(f"message {index}: tool_use {tool_id} has several tool_results")
+        if message["role"] == "assistant":
+            uses = [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
+            following = merged[index + 1] if index + 1 < len(merged) else None
+            answered = set()
+            if following is not None:
+                answered = {b["tool_use_id"] for b in following["content"] if b.get("type") == "tool_result"}
+            problems.extend(
+                f"message {index}: tool_use {tool_id} has no tool_result" for tool_id in uses if tool_id not in answered
+            )
+    return problems

@@ -1,0 +1,342 @@
+"""`AnthropicModel`: the real provider, one Messages API call streamed through the official SDK.
+
+What it yields: every server-sent event of the response as the plain dict the server sent
+(`json.loads` of its `data:`), in wire order, `ping` included. The events are read from the
+SDK stream's HTTP response instead of by iterating the SDK stream, for two reasons found in
+`anthropic` 2.12.0: its `AsyncStream` silently drops `ping`, and it builds every event into a
+pydantic model whose unions are closed, so an unknown block or delta type (`compaction`,
+`compaction_delta`, …) is coerced into a `TextBlock` / `TextDelta`: `model_dump()` then adds a
+bogus `"text": null` and warns. Raw JSON passes any newer type through untouched.
+
+How failures map to `ModelError.kind` (`status` is the HTTP code, `retry_after` in seconds):
+
+- 400 / 413 whose message passes `is_prompt_too_long` (every 413 does): `prompt_too_long`;
+- 400 about image size ("image exceeds", "image too large", "image dimensions"): `image_size`;
+- any other 400, and 4xx codes not listed here (402 billing, 422, …): `invalid_request`;
+- 401 / 403: `authentication`; 404: `not_found`;
+- 429: `rate_limit`, `retry_after` from `retry-after-ms`, else `retry-after` (any status gets it);
+- 529: `overloaded`; 408 / 409 / any other 5xx: `api_error`;
+- `event: error` inside a 200 stream: its `error.type` is turned into the status it stands for
+  (`overloaded_error` → 529, `rate_limit_error` → 429, `invalid_request_error` → 400,
+  `api_error` and unknown types → 500, …) and classified as above; the message names the
+  in-stream origin and `retry_after` stays None (headers of a 200 say nothing about the error);
+- connection refused, timeout, transport error while reading the body: `connection`;
+- a body that ends without `message_stop`, or is cut inside an event: `connection`
+  ("stream ended before message_stop"), after every whole event before it was yielded.
+
+The SDK's own retries default to 0: the runtime's ModelCaller retries, and a retry inside the
+SDK would be invisible to its budgets and events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import math
+import re
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+import trio
+
+from queryloop.runtime.loop.model import ModelError, ModelErrorKind, ModelRequest, is_prompt_too_long
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
+    import anthropic
+    import httpx2
+    from anthropic.types import MessageParam, TextBlockParam, ThinkingConfigParam, ToolUnionParam
+
+__all__ = ["AnthropicModel", "classify_status", "model_error_from_sdk", "parse_retry_after"]
+
+IMAGE_SIZE_MARKERS = ("image exceeds", "image too large", "image dimensions")
+
+# An `event: error` arrives with HTTP 200; these are the statuses its `error.type` stands for
+# (API_FACTS §2), so an in-stream error is classified exactly like the HTTP one it replaces.
+STATUS_OF_ERROR_TYPE: dict[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+TASK_BUDGETS_BETA = "task-budgets-2026-03-13"
+
+# Closing must finish even when the consumer was cancelled (that is when it matters most), but a
+# wedged transport must not hold the cancelled task forever either.
+DRAIN_S = 0.5
+"""How long a stream ended by an error is read on to its end before it is simply closed."""
+CLOSE_GRACE_S = 5.0
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class AnthropicModel:
+    """A `ModelProvider` backed by `anthropic.AsyncAnthropic`. See the module docstring for the mapping."""
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: anthropic.AsyncAnthropic | None = None,
+        max_retries: int = 0,
+        timeout: float = 600.0,
+    ) -> None:
+        # The key goes straight into the client and is not kept here, so no attribute of this
+        # object (and no repr of one) can leak it.
+        self._owns_client = client is None
+        if client is None:
+            import anthropic  # the SDK takes a second to import: only hosts that call the API pay it
+
+            client = anthropic.AsyncAnthropic(
+                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
+            )
+        self._client = client
+
+    def __repr__(self) -> str:
+        client = self._client
+        return (
+            f"AnthropicModel(base_url={str(client.base_url)!r}, "
+            f"max_retries={client.max_retries}, timeout={client.timeout!r})"
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object built it; a client passed in belongs to the caller."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+        """Stream one call as raw event dicts; raise `ModelError` on any failure.
+
+        Iterate it under `contextlib.aclosing` (or run it to the end): the HTTP response is
+        closed in the generator's `finally`, which only runs promptly when the generator is
+        closed.
+        """
+        import anthropic  # loaded by now (a client exists): a lookup in sys.modules
+        import httpx2
+        from anthropic import omit
+
+        # The body is read raw (see below), so it must not be compressed.
+        extra_headers: dict[str, str] = {"accept-encoding": "identity"}
+        extra_body: dict[str, Any] = {}
+        if request.task_budget:
+            # The API documents the budget inside `output_config`, typed {"type": "tokens", "total",
+            # "remaining"} and behind a beta header (platform docs "Task budgets"; the SDK's
+            # BetaOutputConfigParam), not as a top-level `task_budget` field.
+            extra_body["output_config"] = {"task_budget": {"type": "tokens", **request.task_budget}}
+            extra_headers["anthropic-beta"] = TASK_BUDGETS_BETA
+        try:
+            sdk_stream = await self._client.messages.create(
+                stream=True,
+                model=request.model,
+                max_tokens=request.max_tokens,
+                messages=cast("list[MessageParam]", request.messages),
+                system=cast("list[TextBlockParam]", request.system) if request.system else omit,
+                tools=cast("list[ToolUnionParam]", request.tools) if request.tools else omit,
+                thinking=cast("ThinkingConfigParam", request.thinking) if request.thinking else omit,
+                extra_headers=extra_headers,
+                extra_body=extra_body or None,
+            )
+        except anthropic.AnthropicError as exc:
+            raise model_error_from_sdk(exc) from exc
+
+        response = sdk_stream.response
+        # From the network: aiter_raw, not aiter_bytes, which abandons its inner aiter_raw generator
+        # when closed and leaves the transport's body iterator to the garbage collector. A body
+        # already in memory (a test transport) is read by aiter_bytes, with no generator beneath.
+        chunks = response.aiter_bytes() if response.is_stream_consumed else response.aiter_raw()
+        parser = _SSEParser()
+        saw_message_stop = False
+        consumer_left = False
+        try:
+            try:
+                async for chunk in chunks:
+                    for name, data in parser.feed(chunk):
+                        event = _decode_event(name, data, response, at_eof=False)
+                        if event is not None:
+                            saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
+                            yield event
+            except httpx2.RequestError as exc:
+                # The SDK wraps transport errors only while sending; reading the body raises them raw.
+                raise ModelError("connection", f"stream broke: {exc!r}") from exc
+            for name, data in parser.finish():
+                # The last event may lack its blank line (a recording, or a proxy); it is whole
+                # exactly when its data parses, otherwise the connection was cut inside it.
+                event = _decode_event(name, data, response, at_eof=True)
+                if event is not None:
+                    saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
+                    yield event
+            if not saw_message_stop:
+                raise ModelError("connection", "stream ended before message_stop")
+        except GeneratorExit:
+            consumer_left = True
+            raise
+        finally:
+            with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+                if not consumer_left:
+                    # An error ended the stream and the server is closing it: reading on to EOF lets
+                    # every body iterator of the chain finish by itself (httpx2's transport wrapper
+                    # cannot close httpcore's from outside). A consumer that left is not waited for.
+                    with trio.move_on_after(DRAIN_S):
+                        async for _ in chunks:
+                            pass
+                await chunks.aclose()
+                await sdk_stream.close()
+
+
+def model_error_from_sdk(exc: anthropic.AnthropicError) -> ModelError:
+    """Classify any SDK exception (the mapping is in the module docstring)."""
+    import anthropic
+
+    if isinstance(exc, anthropic.APIConnectionError):
+        # Includes APITimeoutError: to the caller both mean "nothing usable came back, try again".
+        return ModelError("connection", str(exc))
+    if isinstance(exc, anthropic.APIStatusError):
+        return _from_status_error(exc)
+    if isinstance(exc, anthropic.CredentialsError):
+        return ModelError("authentication", str(exc))
+    return ModelError("api_error", f"{type(exc).__name__}: {exc}")
+
+
+def _from_status_error(exc: anthropic.APIStatusError) -> ModelError:
+    message = exc.api_message or str(exc)
+    if exc.status_code < 400:
+        # Only an in-stream `event: error` produces a status error on a successful response.
+        error_type = exc.type or ""
+        status = STATUS_OF_ERROR_TYPE.get(error_type, 500)
+        in_stream = f"{message} (in-stream error event {error_type or 'of unknown type'} on HTTP 200)"
+        return ModelError(classify_status(status, message), in_stream, status=status)
+    status = exc.status_code
+    return ModelError(
+        classify_status(status, message),
+        message,
+        status=status,
+        retry_after=parse_retry_after(exc.response.headers),
+    )
+
+
+KIND_OF_STATUS: dict[int, ModelErrorKind] = {
+    401: "authentication",
+    403: "authentication",
+    404: "not_found",
+    408: "api_error",
+    409: "api_error",
+    429: "rate_limit",
+    529: "overloaded",
+}
+
+
+def classify_status(status: int, message: str) -> ModelErrorKind:
+    """The `ModelError.kind` of an HTTP error status and its API message."""
+    if status in (400, 413):
+        if is_prompt_too_long(status, message):
+            return "prompt_too_long"
+        if any(marker in message.lower() for marker in IMAGE_SIZE_MARKERS):
+            return "image_size"
+        return "invalid_request"
+    if status in KIND_OF_STATUS:
+        return KIND_OF_STATUS[status]
+    return "invalid_request" if 400 <= status < 500 else "api_error"
+
+
+def parse_retry_after(headers: httpx2.Headers) -> float | None:
+    """Seconds to wait, from `retry-after-ms` (milliseconds) or `retry-after` (seconds or HTTP date)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        with contextlib.suppress(ValueError):
+            return _wait(float(millis) / 1000)
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    with contextlib.suppress(ValueError):
+        return _wait(float(raw))
+    parsed = email.utils.parsedate_tz(raw)
+    if parsed is None:
+        return None
+    return _wait(email.utils.mktime_tz(parsed) - time.time())
+
+
+def _wait(seconds: float) -> float | None:
+    # "nan"/"inf" parse as floats; a retry loop must never sleep on them.
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
+def _decode_event(name: str | None, data: str, response: httpx2.Response, *, at_eof: bool) -> dict[str, Any] | None:
+    """One SSE event as its dict; raise the classified `ModelError` for an error event or garbage."""
+    if not data:
+        # An event with no data carries nothing to forward (the SDK skips these too).
+        return None
+    try:
+        payload: object = json.loads(data)
+    except ValueError:
+        payload = None
+    if name == "error" or (isinstance(payload, dict) and payload.get("type") == "error"):
+        body = payload if payload is not None else data
+        # Built as the SDK itself builds it, so one classification covers both paths.
+        import anthropic
+
+        sdk_error = anthropic.APIStatusError(f"{body}", response=response, body=body)
+        raise _from_status_error(sdk_error)
+    if isinstance(payload, dict):
+        return cast("dict[str, Any]", payload)
+    if at_eof:
+        raise ModelError("connection", "stream ended before message_stop (cut inside an event)")
+    raise ModelError("api_error", f"malformed stream event {name!r}: {data[:200]!r}")
+
+
+class _SSEParser:
+    """Incremental `text/event-stream` decoding (WHATWG rules, only the `event` and `data` fields)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        self._buffer += chunk
+        events: list[tuple[str | None, str]] = []
+        consumed = 0
+        for match in _LINE_END.finditer(self._buffer):
+            if match.group() == b"\r" and match.end() == len(self._buffer):
+                break  # maybe the first half of a \r\n split across chunks
+            event = self._line(self._buffer[consumed : match.start()])
+            consumed = match.end()
+            if event is not None:
+                events.append(event)
+        self._buffer = self._buffer[consumed:]
+        return events
+
+    def finish(self) -> list[tuple[str | None, str]]:
+        """The event left pending at end of body, which a spec parser would drop."""
+        events = self.feed(b"\n")
+        if self._event is not None or self._data:
+            events.append((self._event, "\n".join(self._data)))
+            self._event, self._data = None, []
+        return events
+
+    def _line(self, raw: bytes) -> tuple[str | None, str] | None:
+        line = raw.decode("utf-8", errors="replace")
+        if not line:
+            if self._event is None and not self._data:
+                return None
+            event = (self._event, "\n".join(self._data))
+            self._event, self._data = None, []
+            return event
+        if line.startswith(":"):
+            return None
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            self._event = value
+        elif field == "data":
+            self._data.append(value)
+        return None

@@ -1,0 +1,214 @@
+"""`ScriptedModel`: the offline provider every test, scenario and the demo use.
+
+Each request takes the next scripted entry (a retried request is a new request).
+A reply is streamed as the real Messages API event sequence: `message_start`,
+per block `content_block_start` / deltas / `content_block_stop` (text in
+`text_delta` chunks, tool input as `input_json_delta` fragments starting with
+`""`, as the wire does), `message_delta` with the stop reason and cumulative
+usage, `message_stop`. An error entry raises the classified `ModelError` the
+real provider would raise. Latency is spent half before the first event and
+half before `message_delta`, so tools whose blocks complete earlier can run
+while the stream is still open.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, Literal
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelRequest
+
+TEXT_CHUNK = 48
+JSON_CHUNK = 24
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ScriptedUsage(_Strict):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+class ScriptedReply(_Strict):
+    content: list[dict[str, Any]]
+    stop_reason: Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "pause_turn", "refusal"] = "end_turn"
+    usage: ScriptedUsage | None = None
+    latency_ms: float = 0
+    truncate_last_block: bool = False
+
+
+class ScriptedError(_Strict):
+    error: Literal["prompt_too_long", "overloaded", "rate_limit", "api_error", "connection", "fallback", "image_size"]
+    retry_after_s: float | None = None
+    after_events: int = 0
+    """For `connection`: how many events of `content` stream before the cut."""
+    content: list[dict[str, Any]] = Field(default_factory=lambda: [{"type": "text", "text": "An answer cut"}])
+    latency_ms: float = 0
+
+
+ScriptEntry = ScriptedReply | ScriptedError
+
+
+def parse_entry(raw: dict[str, Any]) -> ScriptEntry:
+    """Validate one scripted entry (unknown keys are errors, naming the key)."""
+    return ScriptedError.model_validate(raw) if "error" in raw else ScriptedReply.model_validate(raw)
+
+
+def _estimate_tokens(payload: Any) -> int:
+    return max(1, len(json.dumps(payload, separators=(",", ":"))) // 4)
+
+
+def reply_events(reply: ScriptedReply, *, model: str, message_id: str, input_tokens: int) -> list[dict[str, Any]]:
+    """The full event sequence of a reply, as the Messages API streams it."""
+    usage = reply.usage or ScriptedUsage(input_tokens=input_tokens, output_tokens=_estimate_tokens(reply.content))
+    events: list[dict[str, Any]] = [
+        {
+            "type": "message_start",
+            "message": {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": usage.input_tokens,
+                    "output_tokens": 1,
+                    "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+                    "cache_read_input_tokens": usage.cache_read_input_tokens,
+                },
+            },
+        }
+    ]
+    last = len(reply.content) - 1
+    for index, block in enumerate(reply.content):
+        cut = reply.truncate_last_block and index == last
+        events.extend(_block_events(index, block, cut=cut))
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": usage.output_tokens},
+        }
+    )
+    events.append({"type": "message_stop"})
+    return events
+
+
+def _block_events(index: int, block: dict[str, Any], *, cut: bool) -> list[dict[str, Any]]:
+    kind = block.get("type")
+    start: dict[str, Any]
+    deltas: list[dict[str, Any]]
+    if kind == "text":
+        text: str = block.get("text", "")
+        start = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": text[i : i + TEXT_CHUNK]} for i in range(0, len(text), TEXT_CHUNK)]
+    elif kind in ("tool_use", "server_tool_use"):
+        start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
+        raw = json.dumps(block.get("input", {}))
+        fragments = [""] + [raw[i : i + JSON_CHUNK] for i in range(0, len(raw), JSON_CHUNK)]
+        if cut:  # a max_tokens cut: the JSON stops half-way and no content_block_stop follows
+            fragments = fragments[: max(2, len(fragments) // 2)]
+            if "".join(fragments) == raw:  # too short to halve: drop the closing brace at least
+                fragments[-1] = fragments[-1][:-1]
+        deltas = [{"type": "input_json_delta", "partial_json": f} for f in fragments]
+    elif kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            {"type": "thinking_delta", "thinking": block.get("thinking", "")},
+            {"type": "signature_delta", "signature": block.get("signature", "sig")},
+        ]
+    else:  # redacted thinking, server tools, anything newer: arrives whole
+        start, deltas = block, []
+    events: list[dict[str, Any]] = [{"type": "content_block_start", "index": index, "content_block": start}]
+    events.extend({"type": "content_block_delta", "index": index, "delta": delta} for delta in deltas)
+    if not (cut and kind in ("tool_use", "server_tool_use")):
+        events.append({"type": "content_block_stop", "index": index})
+    return events
+
+
+def scripted_error(entry: ScriptedError) -> ModelError | FallbackTriggered:
+    """The error the real provider would raise for a scripted error entry."""
+    kind = entry.error
+    if kind == "fallback":
+        return FallbackTriggered("scripted fallback")
+    if kind == "prompt_too_long":
+        return ModelError(kind, "prompt is too long: 210000 tokens > 200000 maximum", status=400)
+    if kind == "overloaded":
+        return ModelError(kind, "Overloaded", status=529)
+    if kind == "rate_limit":
+        return ModelError(kind, "rate limit exceeded", status=429, retry_after=entry.retry_after_s)
+    if kind == "api_error":
+        return ModelError(kind, "Internal server error", status=500)
+    if kind == "image_size":
+        return ModelError(kind, "image exceeds 5 MB maximum: 6291456 bytes > 5242880 bytes", status=400)
+    return ModelError("connection", "stream ended before message_stop")
+
+
+def fixed_reply_model(text: str, *, name: str) -> ScriptedModel:
+    """A provider that answers every request with `text` (the scenarios' default summarizer and compactor)."""
+    return ScriptedModel([ScriptedReply(content=[{"type": "text", "text": text}])], name=name, repeat=True)
+
+
+class ScriptExhausted(ModelError):
+    """The script has no entry left for a request: an error in the verdict, never a hang."""
+
+
+class ScriptedModel:
+    """A provider that plays back scripted entries, one per request, and records the requests."""
+
+    def __init__(
+        self, entries: Sequence[ScriptEntry | dict[str, Any]], *, name: str = "model", repeat: bool = False
+    ) -> None:
+        self.entries: list[ScriptEntry] = [parse_entry(e) if isinstance(e, dict) else e for e in entries]
+        self.name = name
+        self.repeat = repeat
+        """Play the entries round and round instead of running out."""
+        self.requests: list[ModelRequest] = []
+        self.exhausted = False
+
+    def __repr__(self) -> str:
+        return f"<ScriptedModel {self.name}: {len(self.requests)}/{len(self.entries)} used>"
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+        number = len(self.requests)
+        self.requests.append(request)
+        if self.repeat and self.entries:
+            number %= len(self.entries)
+        if number >= len(self.entries):
+            self.exhausted = True
+            msg = f"the scripted {self.name} has no reply left for request {number + 1}"
+            raise ScriptExhausted("script_exhausted", msg)
+        entry = self.entries[number]
+        half = entry.latency_ms / 2000
+        if half:
+            await trio.sleep(half)
+        if isinstance(entry, ScriptedError):
+            if entry.error != "connection":
+                if half:
+                    await trio.sleep(half)
+                raise scripted_error(entry)
+            reply = ScriptedReply(content=entry.content)
+            events = reply_events(reply, model=request.model, message_id=f"msg_{number + 1}", input_tokens=1)
+            for event in events[: entry.after_events]:
+                yield event
+            raise scripted_error(entry)
+        events = reply_events(
+            entry,
+            model=request.model,
+            message_id=f"msg_{self.name}_{number + 1}",
+            input_tokens=_estimate_tokens(request.messages),
+        )
+        for event in events:
+            if half and event["type"] == "message_delta":
+                await trio.sleep(half)
+            yield event
