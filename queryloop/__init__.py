@@ -11,11 +11,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 from loguru import logger
 
-from queryloop.actors.query_loop import QueryInProgress
 from queryloop.runtime.errors import (
     ActorCrashed,
     BlockingCallOnTrioThread,
     NotInSession,
+    QueryInProgress,
     QueryloopError,
     SessionClosed,
     WorkCancelled,

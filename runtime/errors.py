@@ -1,4 +1,4 @@
-"""Exceptions of the runtime kernel. Every one names what went wrong and what to do."""
+"""The exceptions of every layer that a host may catch. Every one names what went wrong and what to do."""
 
 from __future__ import annotations
 
@@ -39,3 +39,7 @@ class WorkCancelled(QueryloopError):
 
 class SessionClosed(QueryloopError):
     """The session's actor group is closed; nothing more can be started in it."""
+
+
+class QueryInProgress(QueryloopError):
+    """A query is already running in this session, and another is already queued behind it."""

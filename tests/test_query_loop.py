@@ -17,7 +17,8 @@ import trio
 import trio.testing
 
 from queryloop import Runtime
-from queryloop.actors.query_loop import QueryControl, QueryInProgress
+from queryloop.actors.query_loop import QueryControl
+from queryloop.runtime.errors import QueryInProgress
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,

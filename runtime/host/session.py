@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 import trio
 
-from queryloop.actors.query_loop import GetConversation, QueryControl, QueryInProgress, Refused, RunQuery, Settled
-from queryloop.runtime.errors import SessionClosed
+from queryloop.actors.query_loop import GetConversation, QueryControl, Refused, RunQuery, Settled
+from queryloop.runtime.errors import QueryInProgress, SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.options import QueryOptions

@@ -1,0 +1,13 @@
+"""QueryLoop: owns the loop `State` and the session's conversation; runs queries (seed 000's loop).
+
+One actor in four layers, each a module: `loop` (the actor's API and the `while True` of a query, in
+the reference's check order), `context` (the steps around the model call: compaction, recoveries,
+summaries, the token budget, stop hooks), `ending` (aborts, synthetic results, the outcome) and `turn`
+(the model call, the dispatch of its stream and its tools' results, emission). `messages` declares
+what it receives and sends; `run` the per-query context the layers share.
+"""
+
+from queryloop.actors.query_loop.loop import QueryLoop
+from queryloop.actors.query_loop.messages import GetConversation, QueryControl, Refused, RunQuery, Settled
+
+__all__ = ["GetConversation", "QueryControl", "QueryLoop", "Refused", "RunQuery", "Settled"]

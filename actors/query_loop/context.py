@@ -1,0 +1,212 @@
+"""What happens around the model call: the context pipeline and the prompt-too-long cascade, the
+max-output-tokens recovery, tool-use summaries, the token budget's nudge, stop hooks, attachments and
+the memory prefetch. Each asks a helper actor or a hook and applies a transition of `loop.state`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queryloop.actors.budget_guard import CheckTokenBudget
+from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared
+from queryloop.actors.query_loop.ending import QueryLoopEnding
+from queryloop.actors.query_loop.run import PendingSummary, Run, Turn
+from queryloop.actors.summarizer import Summarize
+from queryloop.runtime.errors import WorkCancelled
+from queryloop.runtime.loop.context import pipeline_needed
+from queryloop.runtime.loop.decisions import max_output_tokens_action
+from queryloop.runtime.loop.events import (
+    AttachmentMessage,
+    SystemMessage,
+    ToolUseSummaryEvent,
+    TranscriptMessage,
+    UserMessage,
+)
+from queryloop.runtime.loop.hooks import STOP_HOOK_FEEDBACK, StopHookInput
+from queryloop.runtime.loop.state import (
+    MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
+    State,
+    collapse_drain_retry,
+    max_output_tokens_escalate,
+    max_output_tokens_recovery,
+    reactive_compact_retry,
+)
+from queryloop.runtime.loop.token_budget import TokenBudgetDecision
+from queryloop.runtime.loop.transcript import messages_after_compact_boundary
+
+
+class QueryLoopContext(QueryLoopEnding):
+    """The steps around the model call: see the module docstring."""
+
+    async def _recover_max_output_tokens(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+    ) -> State | None:
+        """Escalate once, silently; then up to three recovery messages; None: surface the error."""
+        options = run.options
+        action = max_output_tokens_action(
+            state, max_output_tokens=options.max_output_tokens, escalated=options.escalated_max_output_tokens
+        )
+        if action == "escalate":
+            run.transitions.append("max_output_tokens_escalate")
+            return max_output_tokens_escalate(state, messages_for_query, options.escalated_max_output_tokens)
+        if action == "recover":
+            recovery = UserMessage(content=MAX_OUTPUT_TOKENS_RECOVERY_TEXT, is_meta=True)
+            await self._emit(run, recovery)
+            run.transitions.append("max_output_tokens_recovery")
+            return max_output_tokens_recovery(state, messages_for_query, turn.assistant_messages, recovery)
+        return None
+
+    async def _consume_summary(self, run: Run, state: State) -> None:
+        """The previous batch's summary, made while this iteration's model call ran; its failure costs only it.
+
+        Seed 001 says "awaited at the top of the next iteration"; it is awaited once that
+        iteration's stream has ended, so that it overlaps the model call as the seed's
+        rationale (and the reference's "resolved during model streaming") intends.
+        """
+        pending: PendingSummary | None = state.pending_tool_use_summary
+        if pending is None:
+            return
+        summary: str | None = None
+        with self._phase(run):
+            try:
+                summary = await pending.future
+            except Exception:  # noqa: BLE001 - cancelled or failed: the summary is lost, the loop goes on
+                summary = None
+        if summary:
+            await self._emit(run, ToolUseSummaryEvent(summary=summary, preceding_tool_use_ids=pending.tool_use_ids))
+
+    def _start_summary(self, run: Run, turn: Turn) -> PendingSummary | None:
+        if not run.options.tool_use_summaries or not turn.tool_ids:
+            return None
+        uses = [b for m in turn.assistant_messages for b in m.content if b.get("type") == "tool_use"]
+        results = [
+            b
+            for m in turn.tool_results
+            if isinstance(m, UserMessage) and isinstance(m.content, list)
+            for b in m.content
+            if b.get("type") == "tool_result"
+        ]
+        future = self.summarizer.ask(
+            Summarize(model=run.options.small_model, tool_uses=uses, results=results), block=False
+        )
+        return PendingSummary(future=future, tool_use_ids=list(turn.tool_ids))
+
+    async def _prepare(self, run: Run, messages: list[TranscriptMessage]) -> Prepared | None:
+        context = run.context
+        if not pipeline_needed(
+            messages,
+            context.limits,
+            max_tool_result_chars=context.max_tool_result_chars,
+            snip_max_rounds=context.snip_max_rounds,
+        ):
+            return Prepared.model_construct(
+                messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False
+            )
+        prepared: Prepared | None = None
+        with self._phase(run):
+            try:
+                prepared = await self.compactor.ask(Prepare(messages=messages, config=run.context), block=False)
+            except WorkCancelled:
+                prepared = None
+        return None if run.control.abort_reason is not None else prepared
+
+    async def _install_compaction(
+        self, run: Run, compacted: list[TranscriptMessage], pre_tokens: int
+    ) -> list[TranscriptMessage]:
+        for message in compacted:
+            await self._emit(run, message)
+        if run.options.task_budget is not None:  # loop-local, updated on compaction only (seed 001)
+            remaining = run.task_budget_remaining if run.task_budget_remaining is not None else run.options.task_budget
+            run.task_budget_remaining = max(0, remaining - pre_tokens)
+        return messages_after_compact_boundary(compacted)
+
+    async def _recover_prompt_too_long(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
+    ) -> State | None:
+        """Seed 000's cascade: collapse drain (never twice in a row), then one reactive compact."""
+        options = run.options
+        transition = state.transition
+        if options.context_collapse and (transition is None or transition.reason != "collapse_drain_retry"):
+            drained: Drained = await self.compactor.ask(DrainCollapses(messages=messages_for_query), block=False)
+            if drained.committed > 0:
+                run.transitions.append("collapse_drain_retry")
+                return collapse_drain_retry(state, drained.messages, drained.committed)
+        if options.reactive_compact and not state.has_attempted_reactive_compact:
+            compacted: Compacted | None = None
+            with self._phase(run):
+                try:
+                    compacted = await self.compactor.ask(
+                        Compact(messages=messages_for_query, config=run.context, trigger="reactive"), block=False
+                    )
+                except WorkCancelled:
+                    compacted = None
+            if compacted is not None and run.control.abort_reason is None:
+                await self._install_compaction(run, compacted.messages, compacted.pre_tokens)
+                run.transitions.append("reactive_compact_retry")
+                return reactive_compact_retry(state, compacted.messages)
+        return None
+
+    async def _token_budget_nudge(self, run: Run) -> UserMessage | None:
+        """Seed 003's gate: a meta nudge to go on, or None to stop (with its completion event)."""
+        if run.options.token_budget is None:
+            return None
+        decision: TokenBudgetDecision = await self.budget_guard.ask(
+            CheckTokenBudget(global_turn_tokens=run.usage.output_tokens), block=False
+        )
+        if decision.action == "continue" and decision.nudge_message is not None:
+            nudge = UserMessage(content=decision.nudge_message, is_meta=True)
+            await self._emit(run, nudge)
+            return nudge
+        if decision.completion_event is not None:
+            await self._emit(run, SystemMessage(subtype="token_budget", data=decision.completion_event.model_dump()))
+        return None
+
+    async def _stop_hooks(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+    ) -> tuple[str | None, list[UserMessage]]:
+        hooks = run.options.stop_hooks
+        if not hooks:
+            return None, []
+        hook_input = StopHookInput(
+            messages=[*messages_for_query, *turn.assistant_messages], stop_hook_active=state.stop_hook_active
+        )
+        prevent: str | None = None
+        errors: list[str] = []
+        with self._phase(run):
+            for hook in hooks:
+                try:
+                    decision = await hook(hook_input)
+                except Exception:
+                    self.log.exception("stop hook failed")
+                    continue
+                if decision is None:
+                    continue
+                if decision.prevent is not None and prevent is None:
+                    prevent = decision.prevent
+                if decision.blocking_error is not None:
+                    errors.append(decision.blocking_error)
+        blocking = [UserMessage(content=STOP_HOOK_FEEDBACK.format(error=e), is_meta=True) for e in errors]
+        if prevent is None:
+            for message in blocking:
+                await self._emit(run, message)
+        return prevent, blocking
+
+    async def _attachments(self, run: Run) -> list[AttachmentMessage]:
+        """Context that arose while the tools ran, injected before the next model call."""
+        found: list[dict[str, Any]] = []
+        for source in run.options.attachment_sources:
+            found.extend(await source.collect())
+        if run.memory is not None and not run.memory_used:
+            run.memory_used = True
+            found.append({"type": "memory", "content": run.memory})
+        messages = [AttachmentMessage(attachment=a) for a in found]
+        for message in messages:
+            await self._emit(run, message)
+        return messages
+
+    async def _prefetch_memory(self, run: Run, messages: list[TranscriptMessage]) -> None:
+        assert run.options.memory_prefetch is not None
+        try:
+            run.memory = await run.options.memory_prefetch(messages)
+        except Exception:
+            self.log.exception("memory prefetch failed")

@@ -1,0 +1,163 @@
+"""The ending: how a query stops early (abort, budget, model error) and how its outcome is sent.
+
+Every tool_use gets exactly one result (delivered, finished, or synthetic), the helpers' work is
+cancelled, the interruption message follows seed 000's rule, and `Settled` then the `result` are the
+query's last events. `_end_now` does all of it inside an abort's own call when the loop was waiting
+on its turn.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+import trio
+
+from queryloop.actors.budget_guard import BudgetStatus, RecordUsage, SettleQuery
+from queryloop.actors.query_loop.messages import Settled
+from queryloop.actors.query_loop.run import Run, Turn
+from queryloop.actors.query_loop.turn import QueryLoopTurns
+from queryloop.runtime.kernel.actor import TrioActorRef
+from queryloop.runtime.kernel.messages import Abort
+from queryloop.runtime.loop.decisions import abort_terminal, result_is_error, result_subtype
+from queryloop.runtime.loop.events import ResultMessage, UserMessage, api_error_message
+from queryloop.runtime.loop.model import ModelError
+from queryloop.runtime.loop.state import Terminal
+from queryloop.runtime.loop.transcript import (
+    INTERRUPT_MESSAGE,
+    INTERRUPT_MESSAGE_FOR_TOOL_USE,
+    INTERRUPTED_BY_USER,
+    missing_tool_results,
+)
+
+if TYPE_CHECKING:
+    from pykka import Future
+
+    from queryloop.runtime.kernel._future import TrioFuture
+
+
+class QueryLoopEnding(QueryLoopTurns):
+    """Endings of a query: see the module docstring."""
+
+    def _end_now(self, run: Run) -> None:
+        """An abort found the loop waiting on its turn: end the query inside the abort's own call.
+
+        Run once the abort's handlers have returned (`after_handlers`), before any task runs:
+        the turn is ended exactly as the loop's task would end it (`_end_early`), and where
+        nothing has to be awaited first (no transcript to flush, the BudgetGuard answering at
+        once) the `result` follows. The consumer then has it one scheduler pass sooner than if the
+        loop's task had to wake up to write it; that task, when it runs, finds the query ended
+        and only stops the helpers and ends the stream (or sends the result, if it is left).
+        """
+        turn = run.turn
+        if self._run is not run or not run.waiting or run.ending or turn is None:
+            return
+        # What reached the turn before the abort counts, as it would for the task (woken by it, it takes
+        # it all before its next wait, where the cancellation lands): it decides how the turn ends.
+        self._drain_in_ending(run, turn)
+        run.terminal = self._end_early(run, turn, abort_terminal(turn.ended is not None, bool(turn.tool_ids)))
+        run.control.decided = True
+        if self.transcript is not None:
+            return
+        totals = self._settle(run)
+        if totals.done():
+            self._send_outcome(run, run.terminal, run.turn_count, totals.get_nowait())
+
+    def _end_early(self, run: Run, turn: Turn | None, reason: Any) -> Terminal:
+        """Abort or budget: stop the call and the tools, answer every tool_use, say why. Never waits."""
+        run.ending = True
+        interrupted = reason in ("aborted_streaming", "aborted_tools")
+        text = INTERRUPTED_BY_USER if interrupted else "Stopped: the query's budget is spent"
+        # Stop every helper now: a tool's result is in the turn channel as soon as it has finished, so
+        # what is not there has none to wait for. Their unwinding is awaited before the stream ends
+        # (`_query`), not before the result: nothing they do while unwinding reaches the consumer.
+        if not run.helpers_aborted:
+            self._stop_workers_soon()
+        if turn is not None:
+            turn.progress.cut = True  # whatever step the call's task still takes, it reaches no one
+            self._collect_remaining(run, turn, text)
+        if interrupted and run.control.abort_reason != "interrupt":
+            note = INTERRUPT_MESSAGE_FOR_TOOL_USE if reason == "aborted_tools" else INTERRUPT_MESSAGE
+            self._emit_now(run, UserMessage(content=[{"type": "text", "text": note}]))
+        return Terminal(reason=reason)
+
+    async def _model_error(self, run: Run, turn: Turn, error: ModelError) -> Terminal:
+        run.ending = True
+        if turn.pending:
+            self._stop_workers_soon()  # the tools the failed response started stop now
+        self._collect_remaining(run, turn, f"Error: {error.message}")
+        text = error.message if error.kind == "image_size" else f"API Error: {error.message}"
+        await self._surface(run, api_error_message(run.model, text))
+        if error.kind == "image_size":
+            return Terminal(reason="image_error", error=text)
+        return Terminal(reason="model_error", error=text)
+
+    def _collect_remaining(self, run: Run, turn: Turn, text: str) -> None:
+        """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic (`text`)."""
+        self._drain_in_ending(run, turn)
+        self._close_response(turn)  # cut short: no more blocks will come
+        streamed = turn.progress.usage()
+        if not turn.usage_recorded and streamed is not None:
+            # A call cut short was billed for what its stream reported: that spend is kept.
+            turn.usage_recorded = True
+            run.usage = run.usage + streamed
+            run.unsettled.append(RecordUsage(model=run.model, usage=streamed, query_usage=True))
+        for message in missing_tool_results(turn.assistant_messages, turn.tool_results, text):
+            turn.tool_results.append(message)
+            self._emit_now(run, message)
+        turn.pending.clear()
+
+    async def _stop_workers(self) -> None:
+        """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it."""
+        for future in self._stop_workers_soon():
+            await future
+
+    def _stop_workers_soon(self) -> list[Future[Any]]:
+        """Send `Abort` to every busy helper at once; the futures answer once each one's work has unwound."""
+        stop = Abort(reason="user")
+        return [
+            worker.ask(stop, block=False)
+            for worker in (self.model_caller, self.executor, self.summarizer, self.compactor)
+            if cast("TrioActorRef[Any]", worker).busy()
+        ]
+
+    def _settle(self, run: Run) -> TrioFuture[BudgetStatus]:
+        """Ask the BudgetGuard for the query's totals, once (it records the `unsettled` calls then).
+
+        The BudgetGuard holds the totals (summaries and compactions report their cost to it). Asked
+        where no handler runs (the loop's task, `_end_now`), it answers before `ask` returns."""
+        if run.settling is None:
+            run.settling = self.budget_guard.ask(SettleQuery(calls=run.unsettled), block=False)  # type: ignore[assignment]
+        assert run.settling is not None
+        return run.settling
+
+    def _send_outcome(self, run: Run, terminal: Terminal, turn_count: int, totals: BudgetStatus) -> None:
+        """`Settled`, then the `result`: the query's last events."""
+        reason = terminal.reason
+        errors: list[str] = []
+        if reason == "max_turns":
+            errors.append(f"Reached maximum number of turns ({run.options.max_turns})")
+        elif reason == "max_budget_usd":
+            errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
+        elif terminal.error:
+            errors.append(terminal.error)
+        run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
+        result = ResultMessage(
+            subtype=result_subtype(reason),
+            is_error=result_is_error(reason, run.api_error_surfaced),
+            duration_ms=int((time.monotonic() - run.started) * 1000),
+            result=run.last_text,
+            stop_reason=run.last_stop_reason,
+            total_cost_usd=run.cost_usd,
+            usage=run.usage,
+            num_turns=turn_count,
+            errors=errors,
+        )
+        run.ending = True
+        if run.consumer_open:
+            try:
+                run.sink.push(Settled(terminal=terminal, transitions=list(run.transitions)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False
+        self._emit_now(run, result)
+        run.outcome_sent = True

@@ -1,0 +1,302 @@
+"""QueryLoop: owns the loop `State` and the session's conversation; runs queries.
+
+A `RunQuery` starts the query as *non-abortable* work of this actor: an abort
+must not kill the loop, the loop must end the query itself as seed 000 says:
+what the tools finished, synthetic `Interrupted by user` results for the rest,
+an interruption message unless the reason is `interrupt`, and the `result`
+event. `on_abort` records the reason and cancels the current *phase* (the model
+stream and tool wait, or the stop hooks). Where the loop is waiting on its turn
+(nearly all of a query's life), the ending is written at once, in the abort's own
+call, once its handlers have returned (`_end_now`); elsewhere the loop's task,
+woken by the cancellation, writes it. Both run the same synchronous ending
+(`_end_early`, `_send_outcome`). The ModelCaller's and the executor's work is
+abortable and is cancelled by the same `Abort` broadcast.
+
+One iteration: the context pipeline (compaction) at the top, then
+`stream_request_start` → model call (fallback retries inside) → the decisions
+of `queryloop.runtime.loop.decisions`, in the reference's check order → a continue site of
+`queryloop.runtime.loop.state` or a `Terminal`. Events are emitted in production order to the
+query's bounded channel (a call's stream events and assistant messages by the
+ModelCaller itself, which then hands each message to the loop); transcript
+messages join the conversation as they are emitted, so the conversation is always
+what the consumer saw. The `result` is sent as soon as the ending is known; the
+stream ends once every helper's cancelled work has unwound.
+
+With a `TranscriptLog`, every message that joins the conversation (and every
+tombstone) is logged in the conversation's own order, and the log is flushed to
+disk at each continue site and when the query ends, before its `result`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from queryloop.actors.budget_guard import BeginQuery
+from queryloop.actors.compactor import ContextConfig, StageCollapse
+from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE
+from queryloop.actors.query_loop.context import QueryLoopContext
+from queryloop.actors.query_loop.messages import GetConversation, Refused, RunQuery
+from queryloop.actors.query_loop.run import BudgetExceeded, Run
+from queryloop.runtime.kernel.messages import AbortReason
+from queryloop.runtime.loop.context import ContextLimits, collapse_may_stage
+from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
+from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, api_error_message
+from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
+from queryloop.runtime.loop.pricing import context_window_for
+from queryloop.runtime.loop.state import State, Terminal, next_turn, stop_hook_blocking, token_budget_continuation
+from queryloop.runtime.loop.transcript import build_system_prompt, messages_after_compact_boundary
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from pykka import ActorRef
+
+    from queryloop.actors.budget_guard import BudgetGuard
+    from queryloop.actors.compactor import Compactor
+    from queryloop.actors.model_caller import ModelCaller
+    from queryloop.actors.summarizer import HaikuSummarizer
+    from queryloop.actors.tool_executor import StreamingToolExecutor
+    from queryloop.runtime.loop.persistence import TranscriptLog
+
+
+class QueryLoop(QueryLoopContext):
+    """Owns the loop `State` and the session's conversation; runs one query at a time (module docstring)."""
+
+    actor_name = "QueryLoop"
+
+    def __init__(
+        self,
+        *,
+        model_caller: ActorRef[ModelCaller],
+        executor: ActorRef[StreamingToolExecutor],
+        budget_guard: ActorRef[BudgetGuard],
+        compactor: ActorRef[Compactor],
+        summarizer: ActorRef[HaikuSummarizer],
+        host_capped: bool = False,
+        conversation: list[TranscriptMessage] | None = None,
+        transcript: TranscriptLog | None = None,
+    ) -> None:
+        super().__init__()
+        self.model_caller = model_caller
+        self.executor = executor
+        self.budget_guard = budget_guard
+        self.compactor = compactor
+        self.summarizer = summarizer
+        self.host_capped = host_capped
+        """A host-wide budget sits above this session: every call's cost must be checked."""
+        self.conversation: list[TranscriptMessage] = list(conversation or [])
+        """Restored (resume) messages are in the log already: only what joins from now on is logged."""
+        self.transcript = transcript
+        self._run: Run | None = None
+        self._queued: RunQuery | None = None
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, RunQuery):
+            self._submit(message)
+            return None
+        if isinstance(message, GetConversation):
+            return list(self.conversation)
+        return super().on_receive(message)
+
+    def _submit(self, message: RunQuery) -> None:
+        if self._run is None:
+            self._run = self._new_run(message)
+            self.start_work(self._query, message, abortable=False)
+        elif (self._run.control.abort_reason is not None or self._run.control.decided) and self._queued is None:
+            self._queued = message  # it starts as soon as the ending query has ended
+        else:
+            message.sink.send_nowait(Refused(reason="a query is already running in this session"))
+            message.sink.close()
+
+    def on_abort(self, reason: AbortReason) -> None:
+        run = self._run
+        if run is not None:
+            # A broadcast aborts every helper in the same call (before any task runs): `_end_early` need not again.
+            run.helpers_aborted = True
+            run.abort(reason)
+            if run.waiting and run.control.abort_reason is not None and not run.control.decided:
+                self.after_handlers(lambda: self._end_now(run))
+
+    def on_stop(self) -> None:
+        # After the work has ended: no flush is running. What a cancelled query left buffered
+        # is written unsynced, as a crash would have it: the next load repairs it.
+        if self.transcript is not None:
+            self.transcript.close()
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.on_stop()
+
+    def _new_run(self, message: RunQuery) -> Run:
+        # The config snapshot: taken once, used by every iteration of this query (seed 001).
+        options = message.options
+        return Run(
+            options=options,
+            sink=message.sink,
+            control=message.control,
+            model=options.model,
+            system=build_system_prompt(
+                DEFAULT_SYSTEM_PROMPT,
+                custom=options.system_prompt,
+                append=options.append_system_prompt,
+                system_context=options.system_context,
+            ),
+            tool_schemas=[t.api_schema() for t in options.tools],
+            tools={t.name: t for t in options.tools},
+            started=time.monotonic(),
+            context=ContextConfig(
+                model=options.model,
+                limits=ContextLimits(
+                    context_window=options.context_window or context_window_for(options.model),
+                    max_output_tokens=options.max_output_tokens,
+                    summary_output_reserve=options.summary_output_reserve,
+                    autocompact_buffer=options.autocompact_buffer_tokens,
+                    warning_buffer=options.warning_buffer_tokens,
+                    blocking_buffer=options.blocking_buffer_tokens,
+                ),
+                auto_compact=options.auto_compact,
+                reactive_compact=options.reactive_compact,
+                context_collapse=options.context_collapse,
+                max_tool_result_chars=options.max_tool_result_chars,
+                tool_result_preview_chars=options.tool_result_preview_chars,
+                microcompact_keep_recent=options.microcompact_keep_recent,
+                collapse_keep_recent_rounds=options.collapse_keep_recent_rounds,
+                snip_max_rounds=options.snip_max_rounds,
+            ),
+        )
+
+    async def _query(self, message: RunQuery) -> None:
+        run = self._run
+        assert run is not None
+        try:
+            self.budget_guard.tell(
+                BeginQuery(
+                    max_budget_usd=run.options.max_budget_usd,
+                    token_budget=run.options.token_budget,
+                    model=run.options.model,
+                    pricing=run.options.pricing,
+                )
+            )
+            self._record(message.prompt)
+            state = State(messages=list(self.conversation))
+            if run.options.memory_prefetch is None:
+                terminal, state = await self._run_loop(run, state)
+            else:
+                async with trio.open_nursery() as prefetch:
+                    prefetch.start_soon(self._prefetch_memory, run, list(state.messages))
+                    terminal, state = await self._run_loop(run, state)
+                    # Disposed on every exit path, as the reference's `using` does.
+                    prefetch.cancel_scope.cancel()
+            run.control.decided = True
+            if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
+                await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
+                totals = await self._settle(run)
+                self._send_outcome(run, terminal, terminal.turn_count or state.turn_count, totals)
+            await self._stop_workers()  # before the stream ends: then no task of the session runs
+        finally:
+            self._run = None
+            run.control.ended.set()
+            queued, self._queued = self._queued, None
+            if queued is not None:
+                self._submit(queued)
+            run.sink.close()  # the last statement: when the consumer sees the end, this work is done
+
+    async def _run_loop(self, run: Run, state: State) -> tuple[Terminal, State]:
+        try:
+            return await self._loop(run, state)
+        except BudgetExceeded:
+            return self._end_early(run, run.turn, "max_budget_usd"), state
+
+    async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
+        options = run.options
+        while True:
+            await self._begin_iteration(run, state)
+            prepared = await self._prepare(run, messages_after_compact_boundary(state.messages))
+            if prepared is None:  # aborted while summarizing or compacting
+                return self._end_early(run, None, "aborted_streaming"), state
+            messages_for_query = prepared.messages
+            if prepared.compacted is not None:
+                messages_for_query = await self._install_compaction(
+                    run, prepared.compacted, prepared.pre_compact_tokens
+                )
+            if prepared.blocking:
+                await self._surface(run, api_error_message(run.model, PROMPT_TOO_LONG_ERROR_MESSAGE))
+                return Terminal(reason="blocking_limit"), state
+            turn, messages_for_query = await self._model_phase(run, state, messages_for_query)
+            ended = turn.ended
+            if run.control.abort_reason is not None or ended is None:
+                if run.terminal is not None:  # the abort has ended the turn already, in its own call
+                    return run.terminal, state
+                return self._end_early(run, turn, abort_terminal(ended is not None, bool(turn.tool_ids))), state
+            # The previous batch's summary was made while this call streamed: collect it now.
+            await self._consume_summary(run, state)
+            if ended.error is not None and ended.withheld is None:
+                return await self._model_error(run, turn, ended.error), state
+            if ended.error is not None and ended.withheld is not None:
+                recovered = await self._recover_prompt_too_long(run, state, messages_for_query)
+                if run.control.abort_reason is not None:  # aborted while compacting: the abort comes first
+                    return self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids))), state
+                if recovered is None:
+                    await self._surface(run, ended.withheld)
+                    return Terminal(reason="prompt_too_long"), state
+                state = recovered
+                continue
+
+            if not turn.tool_ids:
+                if ended.withheld is not None:  # max_tokens truncation
+                    retried = await self._recover_max_output_tokens(run, state, messages_for_query, turn)
+                    if retried is not None:
+                        state = retried
+                        continue
+                    await self._surface(run, ended.withheld)
+                    return Terminal(reason="completed"), state  # an API error never reaches stop hooks
+                prevent, blocking = await self._stop_hooks(run, state, messages_for_query, turn)
+                if run.control.abort_reason is not None:
+                    return self._end_early(run, turn, abort_terminal(True, False)), state
+                if prevent is not None:
+                    return Terminal(reason="stop_hook_prevented", error=prevent), state
+                if blocking:
+                    state = stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
+                    run.transitions.append("stop_hook_blocking")
+                    continue
+                nudge = await self._token_budget_nudge(run)
+                if nudge is not None:
+                    state = token_budget_continuation(state, messages_for_query, turn.assistant_messages, nudge)
+                    run.transitions.append("token_budget_continuation")
+                    continue
+                return Terminal(reason="completed"), state
+
+            if turn.prevent_continuation:
+                return Terminal(reason="hook_stopped"), state
+            attachments = await self._attachments(run)
+            if max_turns_reached(state.turn_count, options.max_turns):
+                await self._emit(
+                    run,
+                    AttachmentMessage(
+                        attachment={
+                            "type": "max_turns_reached",
+                            "maxTurns": options.max_turns,
+                            "turnCount": state.turn_count + 1,
+                        }
+                    ),
+                )
+                return Terminal(reason="max_turns", turn_count=state.turn_count + 1), state
+            state = next_turn(
+                state,
+                [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments],
+                self._start_summary(run, turn),
+            )
+            run.transitions.append("next_turn")
+            if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits):
+                self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
+
+    async def _begin_iteration(self, run: Run, state: State) -> None:
+        if state.transition is not None:
+            await self._flush_transcript()  # a continue site: the turn that ended is made durable

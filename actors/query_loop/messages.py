@@ -1,0 +1,67 @@
+"""The QueryLoop's messages, and the abort request a query's handle shares with the loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.kernel.messages import AbortReason, CarrierMessage, Message
+from queryloop.runtime.loop.events import UserMessage
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.state import ContinueReason, Terminal
+
+
+class QueryControl:
+    """Shared by a query's handle and the loop, on the trio thread: the abort request.
+
+    The session sets `abort_reason` before broadcasting `Abort`, so an abort that
+    overtakes the `RunQuery` in the mailbox still reaches the query. Once the loop has
+    decided how the query ends (`decided`), an abort changes nothing and is not recorded:
+    the query ends as decided, like the reference's, whose last abort check has passed.
+    """
+
+    __slots__ = ("abort_reason", "decided", "ended")
+
+    def __init__(self) -> None:
+        self.abort_reason: AbortReason | None = None
+        self.decided = False
+        """Set when the loop has its terminal: what is left is stopping helpers and sending the result."""
+        self.ended = trio.Event()
+        """Set once the query's work is over (its result sent, or the session closed under it)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.ended.is_set()
+
+    def request_abort(self, reason: AbortReason) -> bool:
+        """Record the first abort reason while it can still change the ending; True if recorded now."""
+        if self.abort_reason is not None or self.decided or self.finished:
+            return False
+        self.abort_reason = reason
+        return True
+
+
+class RunQuery(CarrierMessage):
+    prompt: UserMessage
+    options: QueryOptions
+    sink: EventChannel[Any]
+    control: QueryControl
+
+
+class GetConversation(Message):
+    """Answered with a copy of the session's conversation."""
+
+
+class Refused(Message):
+    """Sent instead of any event when a query cannot start (another one is running)."""
+
+    reason: str
+
+
+class Settled(Message):
+    """Sent to the query's channel just before `result`: how the query ended (the handle keeps it)."""
+
+    terminal: Terminal
+    transitions: list[ContinueReason]

@@ -1,0 +1,171 @@
+"""One query's mutable context (`Run`), one model call and its tools (`Turn`), and the pure helpers on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from queryloop.actors.budget_guard import BudgetStatus, RecordUsage
+from queryloop.actors.compactor import ContextConfig
+from queryloop.actors.model_caller import CallEnded, CallProgress
+from queryloop.actors.query_loop.messages import QueryControl
+from queryloop.actors.tool_executor import ToolResult
+from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.kernel.messages import AbortReason
+from queryloop.runtime.loop.events import (
+    AssistantMessage,
+    AttachmentMessage,
+    SystemMessage,
+    TranscriptMessage,
+    Usage,
+    UserMessage,
+)
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.state import ContinueReason, Terminal
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from queryloop.runtime.kernel._future import TrioFuture
+
+TRANSCRIPT_TYPES = (UserMessage, AssistantMessage, SystemMessage, AttachmentMessage)
+
+
+class BudgetExceeded(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class Turn:
+    """One model call and its tools."""
+
+    channel: EventChannel[Any]
+    """The call's events and its tools' results, in production order."""
+    assistant_messages: list[AssistantMessage] = field(default_factory=list)
+    tool_results: list[TranscriptMessage] = field(default_factory=list)
+    tool_ids: list[str] = field(default_factory=list)
+    pending: set[str] = field(default_factory=set)
+    ended: CallEnded | None = None
+    prevent_continuation: bool = False
+    response_closed: bool = False
+    held_results: list[TranscriptMessage] = field(default_factory=list)
+    """Tool results emitted while their response was still streaming, waiting for its last block."""
+    progress: CallProgress = field(default_factory=CallProgress)
+    """What the call's stream reported so far, kept by the ModelCaller (billed even if the call never ends)."""
+    usage_recorded: bool = False
+
+
+@dataclass(slots=True)
+class Run:
+    """One query's mutable context (the reference's toolUseContext): model, abort, accounting."""
+
+    options: QueryOptions
+    sink: EventChannel[Any]
+    control: QueryControl
+    model: str
+    system: list[dict[str, Any]]
+    tool_schemas: list[dict[str, Any]]
+    tools: dict[str, Any]
+    started: float
+    context: ContextConfig
+    transitions: list[ContinueReason] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    unsettled: list[RecordUsage] = field(default_factory=list)
+    """Calls of an uncapped query, reported to the BudgetGuard in one message at the end."""
+    cost_usd: float = 0.0
+    last_stop_reason: str | None = None
+    last_text: str = ""
+    last_message_id: str = ""
+    api_error_surfaced: bool = False
+    phase: trio.CancelScope | None = None
+    waiting: bool = False
+    """The loop's task is suspended at its turn's wait (an abort then ends the query in its own call)."""
+    turn_count: int = 1
+    terminal: Terminal | None = None
+    """Set when an abort ended the query's turn in the abort's own call (`QueryLoop._end_now`)."""
+    settling: TrioFuture[BudgetStatus] | None = None
+    outcome_sent: bool = False
+    helpers_aborted: bool = False
+    """An `Abort` broadcast reached this query: the helpers' work is being cancelled already."""
+    consumer_open: bool = True
+    budget_exceeded: bool = False
+    ending: bool = False
+    """Set once the query is ending early: emission no longer checks the budget."""
+    task_budget_remaining: int | None = None
+    turn: Turn | None = None
+    memory: str | None = None
+    memory_used: bool = False
+
+    def abort(self, reason: AbortReason) -> None:
+        self.control.request_abort(reason)
+        if self.phase is not None:
+            self.phase.cancel()
+
+
+class Phase:
+    """`QueryLoop._phase`: the scope of the phase in flight, where `Run.abort` finds it."""
+
+    __slots__ = ("_run", "_scope")
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._scope = trio.CancelScope()
+
+    def __enter__(self) -> trio.CancelScope:
+        scope = self._scope
+        if self._run.control.abort_reason is not None:
+            scope.cancel()
+        self._run.phase = scope
+        return scope.__enter__()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        try:
+            return self._scope.__exit__(exc_type, exc, tb)
+        finally:
+            self._run.phase = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSummary:
+    future: Any
+    tool_use_ids: list[str]
+
+
+def task_budget_of(run: Run) -> dict[str, int] | None:
+    total = run.options.task_budget
+    if total is None:
+        return None
+    if run.task_budget_remaining is None:
+        return {"total": total}
+    return {"total": total, "remaining": run.task_budget_remaining}
+
+
+def turn_done(turn: Turn) -> bool:
+    ended = turn.ended
+    if ended is None:
+        return False
+    return not turn.pending or ended.error is not None or ended.fallback
+
+
+def note_assistant(turn: Turn, message: AssistantMessage) -> None:
+    """A block of the turn's response has arrived: its tool_use (if any) now awaits a result."""
+    turn.assistant_messages.append(message)
+    for block in message.content:
+        if block.get("type") == "tool_use":
+            turn.tool_ids.append(block["id"])
+            turn.pending.add(block["id"])
+
+
+def accept_result(turn: Turn, result: ToolResult) -> list[TranscriptMessage]:
+    """A tool's answer joins the turn, once: what to emit (its result, then its attachments)."""
+    if result.tool_use_id not in turn.pending:
+        return []  # answered already, or not of this turn
+    turn.pending.discard(result.tool_use_id)
+    turn.prevent_continuation |= result.prevent_continuation
+    messages: list[TranscriptMessage] = [result.message, *result.attachments]
+    turn.tool_results.extend(messages)
+    return messages

@@ -1,0 +1,297 @@
+"""The turn: one model call and its tools, and the emission of what they produce.
+
+`QueryLoopTurns` holds the QueryLoop's state (its helpers, the conversation, the transcript log)
+and runs the model phase: it starts the call on the ModelCaller, waits on the turn's channel, and
+dispatches each item (assistant messages, tool results, progress, the call's end) as it arrives.
+Every event a query emits goes through `_emit` (may wait for a slow consumer) or `_emit_now`
+(for an ending, never waits); a transcript message joins the conversation as it is emitted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from queryloop.actors.budget_guard import BudgetStatus, RecordUsage
+from queryloop.actors.model_caller import CallEnded, ConsumerGone, StartCall
+from queryloop.actors.query_loop.messages import RunQuery
+from queryloop.actors.query_loop.run import (
+    TRANSCRIPT_TYPES,
+    BudgetExceeded,
+    Phase,
+    Run,
+    Turn,
+    accept_result,
+    note_assistant,
+    task_budget_of,
+    turn_done,
+)
+from queryloop.actors.tool_executor import BeginTurn, Discard, ToolResult
+from queryloop.runtime.kernel.actor import TrioActor
+from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.loop.events import (
+    AssistantMessage,
+    Event,
+    ProgressEvent,
+    StreamRequestStart,
+    SystemMessage,
+    TombstoneEvent,
+    TranscriptMessage,
+)
+from queryloop.runtime.loop.model import ModelError, ModelRequest
+from queryloop.runtime.loop.state import State
+from queryloop.runtime.loop.transcript import normalize_messages_for_api, strip_signature_blocks, user_context_message
+
+if TYPE_CHECKING:
+    from pykka import ActorRef
+
+    from queryloop.actors.budget_guard import BudgetGuard
+    from queryloop.actors.compactor import Compactor
+    from queryloop.actors.model_caller import ModelCaller
+    from queryloop.actors.summarizer import HaikuSummarizer
+    from queryloop.actors.tool_executor import StreamingToolExecutor
+    from queryloop.runtime.loop.persistence import TranscriptLog
+
+TURN_BUFFER = 256
+"""Items a model call and its tools may queue before they wait for the loop (backpressure)."""
+
+
+class QueryLoopTurns(TrioActor):
+    """The QueryLoop's state and its turn: see the module docstring."""
+
+    model_caller: ActorRef[ModelCaller]
+    executor: ActorRef[StreamingToolExecutor]
+    budget_guard: ActorRef[BudgetGuard]
+    compactor: ActorRef[Compactor]
+    summarizer: ActorRef[HaikuSummarizer]
+    host_capped: bool
+    conversation: list[TranscriptMessage]
+    transcript: TranscriptLog | None
+    _run: Run | None
+    _queued: RunQuery | None
+
+    async def _model_phase(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
+    ) -> tuple[Turn, list[TranscriptMessage]]:
+        """One model call; a fallback retries it here with the same State (a bare continue, seed 001)."""
+        while True:
+            turn = await self._call_once(run, state, messages_for_query)
+            ended = turn.ended
+            if ended is None or not ended.fallback or run.control.abort_reason is not None:
+                return turn, messages_for_query
+            fallback = run.options.fallback_model
+            if fallback is None or fallback == run.model:
+                turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
+                return turn, messages_for_query
+            turn.held_results.clear()  # results of the abandoned response go with it
+            for message in turn.assistant_messages:
+                await self._emit(run, TombstoneEvent(message_uuid=message.uuid))
+            self.executor.tell(Discard())
+            previous, run.model = run.model, fallback
+            messages_for_query = strip_signature_blocks(messages_for_query)
+            await self._emit(
+                run,
+                SystemMessage(
+                    subtype="model_fallback",
+                    content=f"Switched to {fallback} because {previous} is unavailable",
+                    data={"from": previous, "to": fallback},
+                ),
+            )
+
+    async def _call_once(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> Turn:
+        channel = EventChannel[Any](TURN_BUFFER)
+        turn = Turn(channel)
+        run.turn, run.turn_count = turn, state.turn_count
+        if run.control.abort_reason is not None:
+            return turn  # aborted before the request: nothing is started
+        await self._emit(run, StreamRequestStart())
+        options = run.options
+        turn_setting = BeginTurn(
+            sink=channel,
+            tools=run.tools,
+            can_use_tool=options.can_use_tool,
+            post_tool_use_hooks=options.post_tool_use_hooks,
+        )
+        self.model_caller.tell(
+            StartCall(
+                request=self._request(run, state, messages_for_query),
+                sink=channel,
+                events=run.sink,
+                progress=turn.progress,
+                turn=turn_setting,
+                max_retries=options.max_retries,
+                fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
+            )
+        )
+        items = channel.items
+        with self._phase(run):
+            while not turn_done(turn) and run.terminal is None:
+                if not items:
+                    run.waiting = True
+                    try:
+                        await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
+                    finally:
+                        run.waiting = False
+                    continue
+                await self._dispatch(run, turn, channel.take())
+        return turn
+
+    def _request(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
+        messages = messages_for_query
+        context = user_context_message(run.options.user_context)
+        if context is not None:
+            messages = [context, *messages]
+        # Built from parts that are already valid: validating would copy every message dict again.
+        # (For small models validation is the cheaper path: pydantic-core's __init__ costs about half
+        # of the pure-Python model_construct. Only lists of dicts or messages are worth skipping.)
+        return ModelRequest.model_construct(
+            model=run.model,
+            system=run.system,
+            messages=normalize_messages_for_api(messages),
+            tools=run.tool_schemas,
+            max_tokens=state.max_output_tokens_override or run.options.max_output_tokens,
+            thinking=run.options.thinking,
+            task_budget=task_budget_of(run),
+            purpose="main",
+        )
+
+    async def _dispatch(self, run: Run, turn: Turn, item: Any) -> None:
+        kind = type(item)
+        if kind is ProgressEvent or kind is SystemMessage:
+            await self._emit(run, item)
+        elif kind is AssistantMessage:  # the ModelCaller has given it to the consumer already
+            note_assistant(turn, item)
+            await self._emit(run, item, sent=True)
+        elif kind is ConsumerGone:
+            run.consumer_open = False  # the consumer went away: that is an abort by the user
+            run.abort("user")
+        elif kind is ToolResult:
+            for message in accept_result(turn, item):
+                await self._emit(run, message, of_turn=turn)
+        elif kind is CallEnded:
+            record = self._end_call(run, turn, item)
+            # The response is whole: make it durable before its tools (which may run long) finish.
+            await self._flush_transcript()
+            if record is None:
+                return
+            if run.options.max_budget_usd is None and not self.host_capped:
+                run.unsettled.append(record)  # no cap to check: settled once, when the query ends
+                return
+            status: BudgetStatus = await self.budget_guard.ask(record, block=False)
+            run.cost_usd = status.query_cost_usd
+            if status.exceeded:
+                run.budget_exceeded = True
+                if not run.ending:
+                    raise BudgetExceeded
+
+    def _drain_in_ending(self, run: Run, turn: Turn) -> None:
+        """`_dispatch` for what a turn cut short has queued: nothing waits (the ending's events are
+        few, they go past the consumer's bound), and the call's usage is settled with the query."""
+        channel = turn.channel
+        while channel.items:
+            item = channel.take()
+            kind = type(item)
+            if kind is AssistantMessage:
+                note_assistant(turn, item)
+                self._emit_now(run, item, sent=True)
+            elif kind is ToolResult:
+                for message in accept_result(turn, item):
+                    self._emit_now(run, message, of_turn=turn)
+            elif kind is CallEnded:
+                record = self._end_call(run, turn, item)
+                if record is not None:
+                    run.unsettled.append(record)
+            elif kind is ConsumerGone:
+                run.consumer_open = False
+            else:  # progress and system messages produced before the cut
+                self._emit_now(run, item)
+
+    def _end_call(self, run: Run, turn: Turn, ended: CallEnded) -> RecordUsage | None:
+        """The call's last item: its response is whole; the usage to record, if it reached its end."""
+        turn.ended = ended
+        self._close_response(turn)
+        if ended.stop_reason is None:
+            return None
+        run.last_stop_reason = ended.stop_reason
+        turn.usage_recorded = True
+        run.usage = run.usage + ended.usage
+        return RecordUsage(model=run.model, usage=ended.usage, query_usage=True)
+
+    def _close_response(self, turn: Turn) -> None:
+        """The response has no more blocks: the results held back join the conversation after it."""
+        turn.response_closed = True
+        for message in turn.held_results:
+            self._record(message)
+        turn.held_results.clear()
+
+    async def _emit(self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False) -> None:
+        """Send `event` to the consumer now (unless the ModelCaller has: `sent`); record a transcript message
+        in the conversation.
+
+        A tool's result (`of_turn`) can be emitted while its own response is still streaming;
+        the conversation takes it only after the response's last block (`_close_response`), so
+        that the stored history keeps each response whole, followed by its results.
+        """
+        self._keep(run, event, of_turn)
+        if run.consumer_open and not sent:
+            try:
+                run.sink.send_nowait(event)
+            except trio.WouldBlock:
+                # A slow consumer: wait for it, shielded, so that an abort never drops an event.
+                with trio.CancelScope(shield=True):
+                    await run.sink.send(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False  # the consumer went away: that is an abort by the user
+                run.abort("user")
+        if run.budget_exceeded and not run.ending:
+            raise BudgetExceeded
+
+    def _emit_now(self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False) -> None:
+        """`_emit` for a query's ending: never waits for the consumer (`EventChannel.push`)."""
+        self._keep(run, event, of_turn)
+        if run.consumer_open and not sent:
+            try:
+                run.sink.push(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False
+
+    def _keep(self, run: Run, event: Event, of_turn: Turn | None) -> None:
+        """What emitting `event` does to the conversation (and the log)."""
+        if isinstance(event, TRANSCRIPT_TYPES):
+            if of_turn is not None and not of_turn.response_closed:
+                of_turn.held_results.append(event)
+            else:
+                self._record(event)
+            if type(event) is AssistantMessage:
+                self._note_text(run, event)
+        elif type(event) is TombstoneEvent:
+            self.conversation = [m for m in self.conversation if m.uuid != event.message_uuid]
+            if self.transcript is not None:
+                self.transcript.append(event)
+
+    def _record(self, message: TranscriptMessage) -> None:
+        """`message` joins the conversation, and the log in the same order."""
+        self.conversation.append(message)
+        if self.transcript is not None:
+            self.transcript.append(message)
+
+    async def _flush_transcript(self) -> None:
+        if self.transcript is not None:
+            await self.transcript.flush()
+
+    @staticmethod
+    def _note_text(run: Run, message: AssistantMessage) -> None:
+        text = "".join(b.get("text", "") for b in message.content if b.get("type") == "text")
+        if message.message_id != run.last_message_id:
+            run.last_message_id, run.last_text = message.message_id, ""
+        run.last_text += text
+
+    async def _surface(self, run: Run, message: AssistantMessage) -> None:
+        run.api_error_surfaced = True
+        await self._emit(run, message)
+
+    @staticmethod
+    def _phase(run: Run) -> Phase:
+        """A cancel scope that an abort cancels; entered already cancelled if the abort came first."""
+        return Phase(run)
