@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pykka import ActorDeadError
 from pykka.messages import _ActorStop
@@ -47,7 +47,15 @@ if TYPE_CHECKING:
     from pykka._envelope import Envelope
 
     from queryloop.runtime.kernel._future import TrioFuture
-    from queryloop.runtime.kernel.actor import TrioActor
+
+
+class Recipient(Protocol):
+    """What the dispatcher needs of an actor (a `TrioActor`): declared here, so that the kernel's
+    imports run one way (`actor` imports this module, never the reverse)."""
+
+    def _handle_envelope(self, envelope: Envelope[Any]) -> None:
+        """Handle one message; route every `Exception` itself (to its asker, or as a crash)."""
+
 
 CLOSED = 0
 """Gate: nothing is delivered (not started yet)."""
@@ -68,7 +76,7 @@ class Dispatcher:
         self._ready: deque[PriorityInbox] = deque()
         self._after: deque[Callable[[], None]] = deque()
         self._running = False
-        self.current: TrioActor | None = None
+        self.current: Recipient | None = None
         """The actor whose handler is running now (None between handlers)."""
 
     @classmethod
@@ -135,12 +143,12 @@ class PriorityInbox:
         "_urgent",
     )
 
-    def __init__(self, actor: TrioActor) -> None:
+    def __init__(self, actor: Recipient) -> None:
         # Built on the trio thread (actors are constructed there), which it then belongs to.
         self._token: TrioToken = current_trio_token()
         self._thread = threading.get_ident()
         self._dispatcher = Dispatcher.for_this_thread()
-        self._actor: TrioActor | None = actor
+        self._actor: Recipient | None = actor
         self._urgent: deque[Envelope[Any]] | None = None  # made on the first supervisor message
         self._normal: deque[Envelope[Any]] = deque()
         self._gate = CLOSED

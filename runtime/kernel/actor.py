@@ -37,7 +37,7 @@ import contextvars
 import functools
 import itertools
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, cast
 
 import pykka
 import trio
@@ -57,13 +57,33 @@ if TYPE_CHECKING:
     from pykka._actor import ActorInbox
     from pykka._envelope import Envelope
 
-    from queryloop.runtime.kernel.supervisor import Supervisor
+A = TypeVar("A", bound="TrioActor")
 
-current_supervisor: contextvars.ContextVar[Supervisor] = contextvars.ContextVar("queryloop_current_supervisor")
+
+class ActorGroup(Protocol):
+    """What an actor needs of the group it belongs to (a `Supervisor`).
+
+    Declared here so that the kernel's imports run one way: `supervisor` imports this module,
+    never the reverse. The underscored members are the kernel's own, not a host's API.
+    """
+
+    session_id: str
+    _context: contextvars.Context
+    """The session's context (it holds `current_supervisor`): the actor's work runs in it."""
+    _nursery: trio.Nursery
+
+    def spawn(self, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorRef[A]: ...
+
+    def _launch(self, actor: TrioActor) -> None: ...
+
+    def _actor_finished(self, actor: TrioActor) -> None: ...
+
+    def _actor_crashed(self, actor: TrioActor, error: BaseException) -> None: ...
+
+
+current_supervisor: contextvars.ContextVar[ActorGroup] = contextvars.ContextVar("queryloop_current_supervisor")
 """The supervisor of the session being spawned into, or whose work is running."""
 
-
-A = TypeVar("A", bound="TrioActor")
 _urns = itertools.count(1)
 
 # Life of an actor: NEW → RUNNING ⇄ ABORTING → STOPPING → STOPPED.
@@ -141,7 +161,7 @@ class TrioActor(pykka.Actor):
         self.actor_inbox = PriorityInbox(self)
         self.actor_stopped = _StoppedFlag()  # type: ignore[assignment]
         self._actor_ref = TrioActorRef(self)
-        self.supervisor: Supervisor = supervisor
+        self.supervisor: ActorGroup = supervisor
         self._state = _NEW
         self._crashed = False
         # Made on first use (most actors of most sessions never need them; the GC would still walk them).
@@ -157,7 +177,7 @@ class TrioActor(pykka.Actor):
     @classmethod
     def start(cls, *args: Any, **kwargs: Any) -> ActorRef[Self]:
         """Start an actor in the session whose handler or work calls this (no global registry)."""
-        running = Dispatcher.for_this_thread().current
+        running = cast("TrioActor | None", Dispatcher.for_this_thread().current)
         supervisor = running.supervisor if running is not None else current_supervisor.get(None)
         if supervisor is None:
             msg = (

@@ -53,13 +53,29 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import h11
 import trio
-from pydantic import BaseModel, ConfigDict, Field
 
-from queryloop.runtime.providers.scripted import ScriptedError, ScriptedReply, ScriptEntry, parse_entry, reply_events
+from queryloop.runtime.providers.scripted import ScriptedError, ScriptedReply, reply_events
+from queryloop.runtime.providers.wire_script import (
+    IMAGE_SIZE_MESSAGE,
+    PROMPT_TOO_LONG_MESSAGE,
+    RATE_LIMIT_MESSAGE,
+    Sleep,
+    SseEvent,
+    StalledReply,
+    StreamPlan,
+    WireEntry,
+    WireFault,
+    error_body,
+    estimate_tokens,
+    parse_wire_entry,
+    reply_plan,
+    stalled_plan,
+    with_ping,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -80,59 +96,6 @@ REASONS: dict[int, bytes] = {
     529: b"Overloaded",
 }
 
-# The messages of the recorded error bodies (shared/fixtures/errors/*.json).
-PROMPT_TOO_LONG_MESSAGE = "prompt is too long: 219898 tokens > 200000 maximum"
-IMAGE_SIZE_MESSAGE = (
-    "messages.0.content.0.image.source.base64: image exceeds 5 MB maximum: 6291456 bytes > 5242880 bytes"
-)
-RATE_LIMIT_MESSAGE = (
-    "This request would exceed your organization's rate limit of 20,000,000 prompt bytes per hour. "
-    "For details, refer to: https://docs.claude.com/en/api/rate-limits."
-)
-
-
-class WireFault(BaseModel):
-    """A script entry for a fault only a real wire shows (`ScriptedModel` has no equivalent)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    error: Literal["midstream_overloaded", "request_too_large"]
-    after_events: int = Field(default=0, ge=0)
-    """For `midstream_overloaded`: how many events of `content` stream before the error event."""
-    content: list[dict[str, Any]] = Field(default_factory=lambda: [{"type": "text", "text": "An answer cut"}])
-    latency_ms: float = Field(default=0, ge=0)
-
-
-WIRE_FAULTS = frozenset({"midstream_overloaded", "request_too_large"})
-
-
-@dataclass(frozen=True)
-class StalledReply:
-    """A reply whose latency is spent in one silence after its first `after_events` events."""
-
-    reply: ScriptedReply
-    after_events: int
-
-
-WireEntry = ScriptEntry | WireFault | StalledReply
-
-
-def parse_wire_entry(raw: WireEntry | dict[str, Any]) -> WireEntry:
-    """A `ScriptedModel` entry, or one of the wire-only ones above (unknown keys are errors)."""
-    if not isinstance(raw, dict):
-        return raw
-    if raw.get("error") in WIRE_FAULTS:
-        return WireFault.model_validate(raw)
-    if "stall_after_events" in raw:
-        fields = dict(raw)
-        after = fields.pop("stall_after_events")
-        entry = parse_entry(fields)
-        if not isinstance(entry, ScriptedReply) or not isinstance(after, int) or after < 0:
-            msg = f"stall_after_events needs a reply and a count >= 0, got {raw!r}"
-            raise ValueError(msg)
-        return StalledReply(reply=entry, after_events=after)
-    return parse_entry(raw)
-
 
 @dataclass(frozen=True)
 class ReceivedRequest:
@@ -144,24 +107,6 @@ class ReceivedRequest:
     """Lower-cased names; a repeated header keeps its last value."""
     body: dict[str, Any]
     """The parsed JSON body; `{}` when there was none or it was not a JSON object."""
-
-
-@dataclass(frozen=True)
-class _Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class _Event:
-    data: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class _StreamPlan:
-    """What one 200 response sends: sleeps and events, then how the body ends."""
-
-    steps: list[_Sleep | _Event]
-    ending: Literal["complete", "error_event", "cut"]
 
 
 class _PeerGone(Exception):
@@ -305,12 +250,12 @@ class LocalMessagesAPI:
 
     async def _respond(self, conn: h11.Connection, stream: trio.SocketStream, request: ReceivedRequest) -> None:
         if request.method != "POST" or request.path != MESSAGES_PATH:
-            body = _error_body("not_found_error", f"{request.method} {request.path}: not served here")
+            body = error_body("not_found_error", f"{request.method} {request.path}: not served here")
             await _send_json(conn, stream, 404, body)
             return
         if request.body.get("stream") is not True:
             # Every call of the runtime streams; a non-streaming one here is a bug to surface.
-            body = _error_body("invalid_request_error", "LocalMessagesAPI serves streaming requests only")
+            body = error_body("invalid_request_error", "LocalMessagesAPI serves streaming requests only")
             await _send_json(conn, stream, 400, body)
             return
         number = self._served
@@ -321,20 +266,20 @@ class LocalMessagesAPI:
                 f"LocalMessagesAPI {self.name!r}: script exhausted, no entry for request {number + 1} "
                 f"(the script has {len(self.entries)})"
             )
-            await _send_json(conn, stream, 500, _error_body("api_error", message, request_id), request_id=request_id)
+            await _send_json(conn, stream, 500, error_body("api_error", message, request_id), request_id=request_id)
             return
         entry = self.entries[number]
         model = str(request.body.get("model", "unknown-model"))
         message_id = f"msg_{self.name}_{number + 1}"
         if isinstance(entry, ScriptedReply):
-            input_tokens = _estimate_tokens(request.body.get("messages", []))
+            input_tokens = estimate_tokens(request.body.get("messages", []))
             events = reply_events(entry, model=model, message_id=message_id, input_tokens=input_tokens)
-            await self._send_stream(conn, stream, _reply_plan(events, entry.latency_ms), request_id)
+            await self._send_stream(conn, stream, reply_plan(events, entry.latency_ms), request_id)
         elif isinstance(entry, StalledReply):
-            input_tokens = _estimate_tokens(request.body.get("messages", []))
+            input_tokens = estimate_tokens(request.body.get("messages", []))
             events = reply_events(entry.reply, model=model, message_id=message_id, input_tokens=input_tokens)
             await self._send_stream(
-                conn, stream, _stalled_plan(events, entry.after_events, entry.reply.latency_ms), request_id
+                conn, stream, stalled_plan(events, entry.after_events, entry.reply.latency_ms), request_id
             )
         elif isinstance(entry, WireFault):
             await self._fault(conn, stream, entry, model=model, message_id=message_id, request_id=request_id)
@@ -360,11 +305,11 @@ class LocalMessagesAPI:
             events = reply_events(
                 ScriptedReply(content=entry.content), model=model, message_id=message_id, input_tokens=1
             )
-            steps: list[_Sleep | _Event] = [
-                _Sleep(half),
-                *_with_ping([_Event(e) for e in events[: entry.after_events]]),
+            steps: list[Sleep | SseEvent] = [
+                Sleep(half),
+                *with_ping([SseEvent(e) for e in events[: entry.after_events]]),
             ]
-            await self._send_stream(conn, stream, _StreamPlan(steps=steps, ending="cut"), request_id)
+            await self._send_stream(conn, stream, StreamPlan(steps=steps, ending="cut"), request_id)
             return
         await trio.sleep(2 * half)
         headers: list[tuple[str, str]] = []
@@ -380,7 +325,7 @@ class LocalMessagesAPI:
         }[entry.error]
         headers.append(("x-should-retry", "true" if retry else "false"))
         # The recorded 529 body has no request_id (shared/fixtures/errors/529_overloaded_error.json).
-        body = _error_body(error_type, message, None if status == 529 else request_id)
+        body = error_body(error_type, message, None if status == 529 else request_id)
         await _send_json(conn, stream, status, body, request_id=request_id, headers=headers)
 
     async def _fault(
@@ -400,9 +345,9 @@ class LocalMessagesAPI:
             await _send_json(conn, stream, 413, body)
             return
         events = reply_events(ScriptedReply(content=entry.content), model=model, message_id=message_id, input_tokens=1)
-        steps: list[_Sleep | _Event] = [
-            _Sleep(entry.latency_ms / 2000),
-            *_with_ping([_Event(e) for e in events[: entry.after_events]]),
+        steps: list[Sleep | SseEvent] = [
+            Sleep(entry.latency_ms / 2000),
+            *with_ping([SseEvent(e) for e in events[: entry.after_events]]),
         ]
         # The recorded in-stream error (shared/fixtures/sse/derived_midstream_overloaded_error.sse).
         error = {
@@ -410,11 +355,11 @@ class LocalMessagesAPI:
             "error": {"details": None, "type": "overloaded_error", "message": "Overloaded"},
             "request_id": request_id,
         }
-        steps.append(_Event(error))
-        await self._send_stream(conn, stream, _StreamPlan(steps=steps, ending="error_event"), request_id)
+        steps.append(SseEvent(error))
+        await self._send_stream(conn, stream, StreamPlan(steps=steps, ending="error_event"), request_id)
 
     async def _send_stream(
-        self, conn: h11.Connection, stream: trio.SocketStream, plan: _StreamPlan, request_id: str
+        self, conn: h11.Connection, stream: trio.SocketStream, plan: StreamPlan, request_id: str
     ) -> None:
         """Send one SSE response; raise `_PeerGone` if the client left first, `_CloseConnection` for a cut."""
         headers = [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache")]
@@ -443,7 +388,7 @@ class LocalMessagesAPI:
             nursery.start_soon(watch_peer)
             try:
                 for step in plan.steps:
-                    if isinstance(step, _Sleep):
+                    if isinstance(step, Sleep):
                         if step.seconds > 0:
                             await trio.sleep(step.seconds)
                         continue
@@ -462,47 +407,6 @@ class LocalMessagesAPI:
             raise _PeerGone
         if plan.ending == "cut":
             raise _CloseConnection  # the body ends without its last chunk: the client sees a cut stream
-
-
-def _with_ping(events: list[_Event]) -> list[_Event]:
-    """The events with one `ping` after the first `content_block_start`, where the recordings have it."""
-    out: list[_Event] = []
-    pinged = False
-    for event in events:
-        out.append(event)
-        if not pinged and event.data.get("type") == "content_block_start":
-            out.append(_Event({"type": "ping"}))
-            pinged = True
-    return out
-
-
-def _reply_plan(events: list[dict[str, Any]], latency_ms: float) -> _StreamPlan:
-    half = latency_ms / 2000
-    steps: list[_Sleep | _Event] = [_Sleep(half)]
-    for event in _with_ping([_Event(e) for e in events]):
-        if event.data.get("type") == "message_delta":
-            steps.append(_Sleep(half))
-        steps.append(event)
-    return _StreamPlan(steps=steps, ending="complete")
-
-
-def _stalled_plan(events: list[dict[str, Any]], after_events: int, latency_ms: float) -> _StreamPlan:
-    steps: list[_Sleep | _Event] = []
-    sent = 0
-    for event in _with_ping([_Event(e) for e in events]):
-        is_ping = event.data.get("type") == "ping"
-        if sent == after_events and not is_ping:
-            steps.append(_Sleep(latency_ms / 1000))  # a ping right after the head still goes before the silence
-        steps.append(event)
-        sent += 0 if is_ping else 1
-    return _StreamPlan(steps=steps, ending="complete")
-
-
-def _error_body(error_type: str, message: str, request_id: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"type": "error", "error": {"type": error_type, "message": message}}
-    if request_id is not None:
-        body["request_id"] = request_id
-    return body
 
 
 async def _send_json(
@@ -527,8 +431,3 @@ async def _send_json(
 def _out(data: bytes | None) -> bytes:
     # h11 returns None only for ConnectionClosed, which this server never sends.
     return data or b""
-
-
-def _estimate_tokens(payload: Any) -> int:
-    # ScriptedModel's estimate (its `_estimate_tokens`), so usage matches the scripted provider's.
-    return max(1, len(json.dumps(payload, separators=(",", ":"))) // 4)

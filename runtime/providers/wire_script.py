@@ -1,0 +1,132 @@
+"""The script a `LocalMessagesAPI` plays: its entries (`ScriptedModel`'s, plus the faults only a real
+wire shows) and the plan of what one response sends (events, silences, how the body ends).
+
+Pure data and functions: the server (`local_api`) turns a plan into HTTP. Imports `scripted`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from queryloop.runtime.providers.scripted import ScriptedReply, ScriptEntry, parse_entry
+
+# The messages of the recorded error bodies (shared/fixtures/errors/*.json).
+PROMPT_TOO_LONG_MESSAGE = "prompt is too long: 219898 tokens > 200000 maximum"
+IMAGE_SIZE_MESSAGE = (
+    "messages.0.content.0.image.source.base64: image exceeds 5 MB maximum: 6291456 bytes > 5242880 bytes"
+)
+RATE_LIMIT_MESSAGE = (
+    "This request would exceed your organization's rate limit of 20,000,000 prompt bytes per hour. "
+    "For details, refer to: https://docs.claude.com/en/api/rate-limits."
+)
+
+
+class WireFault(BaseModel):
+    """A script entry for a fault only a real wire shows (`ScriptedModel` has no equivalent)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    error: Literal["midstream_overloaded", "request_too_large"]
+    after_events: int = Field(default=0, ge=0)
+    """For `midstream_overloaded`: how many events of `content` stream before the error event."""
+    content: list[dict[str, Any]] = Field(default_factory=lambda: [{"type": "text", "text": "An answer cut"}])
+    latency_ms: float = Field(default=0, ge=0)
+
+
+WIRE_FAULTS = frozenset({"midstream_overloaded", "request_too_large"})
+
+
+@dataclass(frozen=True)
+class StalledReply:
+    """A reply whose latency is spent in one silence after its first `after_events` events."""
+
+    reply: ScriptedReply
+    after_events: int
+
+
+WireEntry = ScriptEntry | WireFault | StalledReply
+
+
+def parse_wire_entry(raw: WireEntry | dict[str, Any]) -> WireEntry:
+    """A `ScriptedModel` entry, or one of the wire-only ones above (unknown keys are errors)."""
+    if not isinstance(raw, dict):
+        return raw
+    if raw.get("error") in WIRE_FAULTS:
+        return WireFault.model_validate(raw)
+    if "stall_after_events" in raw:
+        fields = dict(raw)
+        after = fields.pop("stall_after_events")
+        entry = parse_entry(fields)
+        if not isinstance(entry, ScriptedReply) or not isinstance(after, int) or after < 0:
+            msg = f"stall_after_events needs a reply and a count >= 0, got {raw!r}"
+            raise ValueError(msg)
+        return StalledReply(reply=entry, after_events=after)
+    return parse_entry(raw)
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """What one 200 response sends: sleeps and events, then how the body ends."""
+
+    steps: list[Sleep | SseEvent]
+    ending: Literal["complete", "error_event", "cut"]
+
+
+def with_ping(events: list[SseEvent]) -> list[SseEvent]:
+    """The events with one `ping` after the first `content_block_start`, where the recordings have it."""
+    out: list[SseEvent] = []
+    pinged = False
+    for event in events:
+        out.append(event)
+        if not pinged and event.data.get("type") == "content_block_start":
+            out.append(SseEvent({"type": "ping"}))
+            pinged = True
+    return out
+
+
+def reply_plan(events: list[dict[str, Any]], latency_ms: float) -> StreamPlan:
+    half = latency_ms / 2000
+    steps: list[Sleep | SseEvent] = [Sleep(half)]
+    for event in with_ping([SseEvent(e) for e in events]):
+        if event.data.get("type") == "message_delta":
+            steps.append(Sleep(half))
+        steps.append(event)
+    return StreamPlan(steps=steps, ending="complete")
+
+
+def stalled_plan(events: list[dict[str, Any]], after_events: int, latency_ms: float) -> StreamPlan:
+    steps: list[Sleep | SseEvent] = []
+    sent = 0
+    for event in with_ping([SseEvent(e) for e in events]):
+        is_ping = event.data.get("type") == "ping"
+        if sent == after_events and not is_ping:
+            steps.append(Sleep(latency_ms / 1000))  # a ping right after the head still goes before the silence
+        steps.append(event)
+        sent += 0 if is_ping else 1
+    return StreamPlan(steps=steps, ending="complete")
+
+
+def error_body(error_type: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": "error", "error": {"type": error_type, "message": message}}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body
+
+
+def estimate_tokens(payload: Any) -> int:
+    # ScriptedModel's estimate (its `_estimate_tokens`), so usage matches the scripted provider's.
+    return max(1, len(json.dumps(payload, separators=(",", ":"))) // 4)
