@@ -71,7 +71,7 @@ class QueryOptions(BaseModel):
     compact_provider: ModelProvider | None = None
     """Provider of the compaction calls (made with `model`); the main provider when None."""
 
-    # -- context management (defaults after Claude Code's; see runtime/context.py) --
+    # -- context management (defaults after Claude Code's; see runtime/loop/context.py) --
     reactive_compact: bool = True
     """On a prompt-too-long error, compact once and retry."""
     context_collapse: bool = True
