@@ -9,6 +9,10 @@ nothing; a block still open when the stream stops (`max_tokens` inside a
 its tool is answered with an error and never run; `stop_reason` stays None
 until a `message_delta` says otherwise, so a stream cut before
 `message_stop` is recognised as incomplete.
+
+Linear in a reply's length: text, thinking and compaction deltas are collected as pieces and
+joined once, when their block completes (appending to the block's string at every delta would
+copy the whole text each time: quadratic in a 64k-token reply).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class ResponseAssembler:
     usage: Usage = field(default_factory=Usage)
     _open: dict[int, Block] = field(default_factory=dict)
     _json: dict[int, list[str]] = field(default_factory=dict)
+    _pieces: dict[int, dict[str, list[str]]] = field(default_factory=dict)
+    """Per open block, the pieces of each string field its deltas extend, joined at completion."""
 
     def feed(self, event: dict[str, Any]) -> CompletedBlock | None:
         """Take one raw event; return the block it completed, if any."""
@@ -72,22 +78,37 @@ class ResponseAssembler:
             return
         kind = delta.get("type")
         if kind == "text_delta":
-            block["text"] = block.get("text", "") + delta.get("text", "")
+            self._extend(index, block, "text", delta.get("text", ""))
         elif kind == "input_json_delta":
             self._json[index].append(delta.get("partial_json", ""))
         elif kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+            self._extend(index, block, "thinking", delta.get("thinking", ""))
         elif kind == "signature_delta":
             block["signature"] = delta.get("signature", "")
         elif kind == "citations_delta":
             block.setdefault("citations", []).append(delta.get("citation"))
         elif kind == "compaction_delta":  # the server's summary: it must be sent back intact
-            block["content"] = (block.get("content") or "") + delta.get("content", "")
+            self._extend(index, block, "content", delta.get("content", ""))
+
+    def _extend(self, index: int, block: Block, key: str, piece: str) -> None:
+        fields = self._pieces.get(index)
+        if fields is None:
+            fields = self._pieces[index] = {}
+        pieces = fields.get(key)
+        if pieces is None:
+            pieces = fields[key] = [block.get(key) or ""]  # what the block's start carried comes first
+        pieces.append(piece)
+
+    def _join(self, index: int, block: Block) -> Block:
+        for key, pieces in self._pieces.pop(index, {}).items():
+            block[key] = "".join(pieces)
+        return block
 
     def _complete(self, index: int) -> CompletedBlock | None:
         block = self._open.pop(index, None)
         if block is None:
             return None
+        self._join(index, block)
         fragments = self._json.pop(index, None)
         if fragments is None:
             return CompletedBlock(index, block)
@@ -110,7 +131,7 @@ class ResponseAssembler:
         """Blocks left open at the end of the stream: cut off, never to be run."""
         cut = []
         for index in sorted(self._open):
-            block = self._open.pop(index)
+            block = self._join(index, self._open.pop(index))
             if block.get("type") == "tool_use":
                 block["input"] = {}
                 self._json.pop(index, None)
