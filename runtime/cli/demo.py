@@ -1,15 +1,46 @@
-"""The offline demo: a scripted model driving real, safe tools confined to a root directory."""
+"""The offline demo: a scripted model driving real, safe tools confined to a root directory.
+
+The demo brings its own files: `demo_folder()` makes a temporary folder holding `DEMO_FILES`, and
+the demo's tools are confined to it, so the demo behaves the same from whatever directory it is
+run. Its model is scripted, but its last answer is built from what the tools actually returned:
+it reports a failed tool as a failure, never as done.
+"""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing, contextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 from pydantic import BaseModel, Field
 
+from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, tool
-from queryloop.runtime.providers.scripted import ScriptedModel
+from queryloop.runtime.providers.scripted import ScriptedModel, ScriptedReply
+
+DEMO_FILES: dict[str, str] = {
+    "README.md": (
+        "# lemonade-stand\n"
+        "\n"
+        "A tiny project for the queryloop demo: the demo's tools list, read and count it.\n"
+        "\n"
+        "- `stand.py` sells lemonade\n"
+        "- `TODO.txt` says what is left\n"
+    ),
+    "stand.py": (
+        "PRICE_CENTS = 150\n"
+        "\n"
+        "\n"
+        "def sell(cups: int) -> int:\n"
+        '    """The price of `cups` cups, in cents."""\n'
+        "    return cups * PRICE_CENTS\n"
+    ),
+    "TODO.txt": "- more ice\n- a sign\n",
+}
+"""The files of the demo's folder, by name."""
 
 
 class PathArgs(BaseModel):
@@ -24,6 +55,21 @@ def confined(root: Path, relative: str) -> Path:
         msg = f"{relative!r} is outside the working directory"
         raise ToolError(msg)
     return target
+
+
+def write_demo_files(folder: Path) -> None:
+    """Write `DEMO_FILES` into `folder`."""
+    for name, text in DEMO_FILES.items():
+        (folder / name).write_text(text)
+
+
+@contextmanager
+def demo_folder() -> Iterator[Path]:
+    """A temporary folder holding the demo's files, removed on leaving."""
+    with tempfile.TemporaryDirectory(prefix="queryloop-demo-") as name:
+        folder = Path(name)
+        write_demo_files(folder)
+        yield folder
 
 
 def demo_tools(root: Path, delay_s: float = 0.0) -> list[Tool]:
@@ -62,35 +108,77 @@ def demo_tools(root: Path, delay_s: float = 0.0) -> list[Tool]:
     return [list_files, read_file, count_lines]
 
 
-def demo_model() -> ScriptedModel:
-    """Three calls: look around (two parallel reads), count, answer."""
-    entries: list[dict[str, Any]] = [
-        {
-            "content": [
-                {"type": "text", "text": "I'll look at the project first."},
-                {"type": "tool_use", "id": "toolu_list", "name": "list_files", "input": {"path": "."}},
-                {"type": "tool_use", "id": "toolu_read", "name": "read_file", "input": {"path": "README.md"}},
-            ],
-            "stop_reason": "tool_use",
-            "latency_ms": 300,
-        },
-        {
-            "content": [
-                {"type": "text", "text": "Now the size of the README."},
-                {
-                    "type": "tool_use",
-                    "id": "toolu_count",
-                    "name": "count_lines",
-                    "input": {"path": "README.md"},
-                },
-            ],
-            "stop_reason": "tool_use",
-            "latency_ms": 300,
-        },
-        {
-            "content": [{"type": "text", "text": "Done: I listed the project, read its README and counted its lines."}],
-            "stop_reason": "end_turn",
-            "latency_ms": 300,
-        },
+LOOK_AROUND = ScriptedReply(
+    content=[
+        {"type": "text", "text": "I'll look at the project first."},
+        {"type": "tool_use", "id": "toolu_list", "name": "list_files", "input": {"path": "."}},
+        {"type": "tool_use", "id": "toolu_read", "name": "read_file", "input": {"path": "README.md"}},
+    ],
+    stop_reason="tool_use",
+    latency_ms=300,
+)
+COUNT = ScriptedReply(
+    content=[
+        {"type": "text", "text": "Now the size of the README."},
+        {"type": "tool_use", "id": "toolu_count", "name": "count_lines", "input": {"path": "README.md"}},
+    ],
+    stop_reason="tool_use",
+    latency_ms=300,
+)
+
+
+class DemoModel:
+    """Three calls: look around (two parallel reads), count, answer from what the tools returned.
+
+    Which call a request is follows from its conversation (how many assistant turns it holds),
+    so the script does not depend on how many requests came before.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[ModelRequest] = []
+
+    def __repr__(self) -> str:
+        return f"<DemoModel: {len(self.requests)} requests>"
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+        self.requests.append(request)
+        turns = sum(1 for message in request.messages if message.get("role") == "assistant")
+        reply = LOOK_AROUND if turns == 0 else COUNT if turns == 1 else answer(request.messages)
+        async with aclosing(ScriptedModel([reply], name="demo").stream(request)) as events:
+            async for event in events:
+                yield event
+
+
+def answer(messages: list[dict[str, Any]]) -> ScriptedReply:
+    """The demo's last word: what the tools found, or which of them failed."""
+    results: dict[str, tuple[str, bool]] = {}
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            continue
+        for block in content:
+            if block.get("type") == "tool_result":
+                body = block.get("content", "")
+                text = body if isinstance(body, str) else " ".join(str(b.get("text", "")) for b in body)
+                results[block.get("tool_use_id", "")] = (text, bool(block.get("is_error")))
+    names = {"toolu_list": "list_files", "toolu_read": "read_file", "toolu_count": "count_lines"}
+    failed = [
+        f"{name}: {results[key][0] if key in results else 'no result'}"
+        for key, name in names.items()
+        if key not in results or results[key][1]
     ]
-    return ScriptedModel(entries, name="demo")
+    if failed:
+        text = f"The demo's tools failed, so I cannot describe the project: {'; '.join(failed)}"
+    else:
+        entries = results["toolu_list"][0].splitlines()
+        first_line = next(iter(results["toolu_read"][0].splitlines()), "")
+        text = (
+            f"Done: the project holds {len(entries)} entries ({', '.join(entries)}); "
+            f"its README.md has {results['toolu_count'][0]} lines and starts with {first_line!r}."
+        )
+    return ScriptedReply(content=[{"type": "text", "text": text}], latency_ms=300)
+
+
+def demo_model() -> DemoModel:
+    """The demo's model: see `DemoModel`."""
+    return DemoModel()
