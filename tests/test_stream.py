@@ -1,4 +1,4 @@
-"""`runtime/stream.py`: `ResponseAssembler` fed the real recorded Messages API streams (shared/fixtures/sse)."""
+"""`queryloop.runtime.loop.stream`: `ResponseAssembler` fed the recorded Messages API streams (shared/fixtures/sse)."""
 
 from __future__ import annotations
 
