@@ -1,4 +1,4 @@
-"""`runtime/providers/scripted.py`: the offline provider streams what the Messages API streams and fails as it fails."""
+"""`queryloop.runtime.providers.scripted`: it streams what the Messages API streams and fails as it fails."""
 
 from __future__ import annotations
 

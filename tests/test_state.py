@@ -1,4 +1,4 @@
-"""`runtime/loop/state.py`: the loop State and what each continue site resets or keeps (seed 001, DESIGN §3)."""
+"""`queryloop.runtime.loop.state`: the loop State and what each continue site resets or keeps (seed 001, DESIGN §3)."""
 
 from __future__ import annotations
 

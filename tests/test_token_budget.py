@@ -1,4 +1,4 @@
-"""`runtime/loop/token_budget.py`: the token-budget continuation gate, `checkTokenBudget` of seed 003."""
+"""`queryloop.runtime.loop.token_budget`: the token-budget continuation gate, `checkTokenBudget` of seed 003."""
 
 from __future__ import annotations
 

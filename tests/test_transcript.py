@@ -1,4 +1,4 @@
-"""`runtime/loop/transcript.py`: what is sent to the API, and whether a transcript is valid (seed 004)."""
+"""`queryloop.runtime.loop.transcript`: what is sent to the API, and whether a transcript is valid (seed 004)."""
 
 from __future__ import annotations
 
