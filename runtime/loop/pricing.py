@@ -2,7 +2,7 @@
 
 Source: the Anthropic pricing and model-overview pages as collected in
 `shared/research/API_FACTS.md` §4–§5 (snapshot 2026-11). Prices change: pass
-`QueryOptions.pricing` (or `Runtime` overrides) rather than editing code at a
+`QueryOptions.pricing` rather than editing code at a
 call site. A model missing from the table is an error, never a silent $0.
 """
 
