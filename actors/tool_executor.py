@@ -13,6 +13,10 @@ answers a `tool_use` exactly once: an unknown tool, input that fails
 validation or was cut off, a denied permission, an exception or a timeout each
 give an `is_error` result wrapped in `<tool_use_error>`. An abort cancels every
 unfinished tool; the loop answers those with synthetic errors itself.
+
+A sync tool (a plain `def`) runs in a worker thread (`Tool.run`): the same
+cancellation answers it at once and abandons its thread, whose late result is
+dropped with this work's scope and whose progress is dropped by its context.
 """
 
 from __future__ import annotations
@@ -169,10 +173,10 @@ class StreamingToolExecutor(TrioActor):
         context = ToolContext(entry.id, report)
         try:
             if tool.timeout_s is None:  # no deadline, no cancel scope to pay for
-                output = await tool.call(args, context)
+                output = await tool.run(args, context)
             else:
                 with trio.move_on_after(tool.timeout_s) as deadline:
-                    output = await tool.call(args, context)
+                    output = await tool.run(args, context)
                 if deadline.cancelled_caught:
                     output, is_error = tool_error(f"Error: {name} timed out after {tool.timeout_s:g}s"), True
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
