@@ -13,6 +13,15 @@ answers a `tool_use` exactly once: an unknown tool, input that fails
 validation or was cut off, a denied permission, an exception or a timeout each
 give an `is_error` result wrapped in `<tool_use_error>`. An abort cancels every
 unfinished tool; the loop answers those with synthetic errors itself.
+
+A sync tool (a plain `def`) runs in a worker thread (`Tool.run`): the same
+cancellation answers it at once and abandons its thread, whose late result is
+dropped with this work's scope and whose progress is dropped by its context.
+
+PostToolUse hooks run after the tool, in this work; what they produce travels in
+the tool's own `ToolResult` (`hook_messages`), after its result and in the order it
+was produced: `hook_stopped_continuation` attachments, and a `hook_error` system
+message for a hook that raised (the other hooks run on as if it had passed).
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ from pydantic import Field, ValidationError
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message
-from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, UserMessage
-from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput
+from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
+from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput, hook_error_message
 from queryloop.runtime.loop.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
@@ -59,7 +68,9 @@ class ToolResult(Message):
 
     tool_use_id: str
     message: UserMessage
-    attachments: list[AttachmentMessage] = Field(default_factory=list)
+    hook_messages: list[AttachmentMessage | SystemMessage] = Field(default_factory=list)
+    """What its PostToolUse hooks produced, in order: `hook_stopped_continuation` attachments and
+    `hook_error` system messages; emitted after `message`."""
     prevent_continuation: bool = False
 
 
@@ -169,28 +180,29 @@ class StreamingToolExecutor(TrioActor):
         context = ToolContext(entry.id, report)
         try:
             if tool.timeout_s is None:  # no deadline, no cancel scope to pay for
-                output = await tool.call(args, context)
+                output = await tool.run(args, context)
             else:
                 with trio.move_on_after(tool.timeout_s) as deadline:
-                    output = await tool.call(args, context)
+                    output = await tool.run(args, context)
                 if deadline.cancelled_caught:
                     output, is_error = tool_error(f"Error: {name} timed out after {tool.timeout_s:g}s"), True
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
             output, is_error = tool_error(f"Error: {error}"), True
         if not turn.post_tool_use_hooks:
             return ToolResult(tool_use_id=entry.id, message=tool_result_message(entry.id, output, is_error=is_error))
-        attachments, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
+        hook_messages, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
         return ToolResult(
             tool_use_id=entry.id,
             message=tool_result_message(entry.id, output, is_error=is_error),
-            attachments=attachments,
+            hook_messages=hook_messages,
             prevent_continuation=prevent,
         )
 
     async def _post_tool_use(
         self, entry: _Entry, turn: BeginTurn, tool_input: dict[str, Any], output: ToolOutput, is_error: bool
-    ) -> tuple[list[AttachmentMessage], bool]:
-        attachments: list[AttachmentMessage] = []
+    ) -> tuple[list[AttachmentMessage | SystemMessage], bool]:
+        """Each hook in turn: a `prevent` stops the query after this turn; one that raises is reported."""
+        messages: list[AttachmentMessage | SystemMessage] = []
         prevent = False
         name = entry.block.get("name", "")
         for hook in turn.post_tool_use_hooks:
@@ -204,12 +216,13 @@ class StreamingToolExecutor(TrioActor):
                         is_error=is_error,
                     )
                 )
-            except Exception:
+            except Exception as error:
                 self.log.exception(f"PostToolUse hook failed for {name}")
+                messages.append(hook_error_message("PostToolUse", hook, error, tool_name=name, tool_use_id=entry.id))
                 continue
             if decision is not None and decision.prevent:
                 prevent = True
-                attachments.append(
+                messages.append(
                     AttachmentMessage(
                         attachment={
                             "type": "hook_stopped_continuation",
@@ -219,7 +232,7 @@ class StreamingToolExecutor(TrioActor):
                         }
                     )
                 )
-        return attachments, prevent
+        return messages, prevent
 
 
 def _failed(entry: _Entry, message: str) -> ToolResult:

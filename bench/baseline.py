@@ -133,7 +133,7 @@ async def _run_tool(by_name: dict[str, Tool], block: dict[str, Any], send: trio.
     async def report(tool_use_id: str, data: Any) -> None:
         return None
 
-    output = await tool.call(block.get("input", {}), ToolContext(block["id"], report))
+    output = await tool.run(block.get("input", {}), ToolContext(block["id"], report))
     await send.send(tool_result_message(block["id"], output, is_error=False))
 
 

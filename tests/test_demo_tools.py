@@ -21,7 +21,7 @@ def _tool(root: Path, name: str) -> Tool:
 
 async def _call(root: Path, name: str, path: str) -> str:
     tool = _tool(root, name)
-    output = await tool.call(tool.parse_input({"path": path}), ToolContext("t", _noop))
+    output = await tool.run(tool.parse_input({"path": path}), ToolContext("t", _noop))
     assert isinstance(output, str)
     return output
 

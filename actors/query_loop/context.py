@@ -22,7 +22,7 @@ from queryloop.runtime.loop.events import (
     TranscriptMessage,
     UserMessage,
 )
-from queryloop.runtime.loop.hooks import STOP_HOOK_FEEDBACK, StopHookInput
+from queryloop.runtime.loop.hooks import STOP_HOOK_FEEDBACK, StopHookInput, hook_error_message
 from queryloop.runtime.loop.state import (
     MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
     State,
@@ -164,6 +164,9 @@ class QueryLoopContext(QueryLoopEnding):
     async def _stop_hooks(
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
     ) -> tuple[str | None, list[UserMessage]]:
+        """Every stop hook in turn: the first `prevent`, and the blocking errors' feedback (emitted unless
+        prevented). A hook that raises counts as passing: its `hook_error` event is emitted at once and
+        its text kept for the result's `errors`."""
         hooks = run.options.stop_hooks
         if not hooks:
             return None, []
@@ -176,8 +179,9 @@ class QueryLoopContext(QueryLoopEnding):
             for hook in hooks:
                 try:
                     decision = await hook(hook_input)
-                except Exception:
+                except Exception as error:
                     self.log.exception("stop hook failed")
+                    await self._hook_error(run, hook_error_message("Stop", hook, error))
                     continue
                 if decision is None:
                     continue
@@ -191,11 +195,22 @@ class QueryLoopContext(QueryLoopEnding):
                 await self._emit(run, message)
         return prevent, blocking
 
+    async def _hook_error(self, run: Run, message: SystemMessage) -> None:
+        run.hook_errors.append(message.content)
+        await self._emit(run, message)
+
     async def _attachments(self, run: Run) -> list[AttachmentMessage]:
-        """Context that arose while the tools ran, injected before the next model call."""
+        """Context that arose while the tools ran, injected before the next model call.
+
+        A source that raises is skipped and logged, as a failed memory prefetch is: its
+        context is lost for this turn, never the session.
+        """
         found: list[dict[str, Any]] = []
         for source in run.options.attachment_sources:
-            found.extend(await source.collect())
+            try:
+                found.extend(await source.collect())
+            except Exception:
+                self.log.exception("attachment source failed")
         if run.memory is not None and not run.memory_used:
             run.memory_used = True
             found.append({"type": "memory", "content": run.memory})

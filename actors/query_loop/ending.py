@@ -141,6 +141,7 @@ class QueryLoopEnding(QueryLoopTurns):
             errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
         elif terminal.error:
             errors.append(terminal.error)
+        errors.extend(run.hook_errors)  # non-blocking: they change neither the subtype nor is_error
         run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
         result = ResultMessage(
             subtype=result_subtype(reason),

@@ -97,6 +97,8 @@ class Run:
     turn: Turn | None = None
     memory: str | None = None
     memory_used: bool = False
+    hook_errors: list[str] = field(default_factory=list)
+    """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own."""
 
     def abort(self, reason: AbortReason) -> None:
         self.control.request_abort(reason)
@@ -160,12 +162,17 @@ def note_assistant(turn: Turn, message: AssistantMessage) -> None:
             turn.pending.add(block["id"])
 
 
-def accept_result(turn: Turn, result: ToolResult) -> list[TranscriptMessage]:
-    """A tool's answer joins the turn, once: what to emit (its result, then its attachments)."""
+def accept_result(run: Run, turn: Turn, result: ToolResult) -> list[TranscriptMessage]:
+    """A tool's answer joins the turn, once: what to emit (its result, then what its PostToolUse hooks
+    produced, whose `hook_error` messages' texts join the query's `hook_errors`)."""
     if result.tool_use_id not in turn.pending:
         return []  # answered already, or not of this turn
     turn.pending.discard(result.tool_use_id)
+    if not result.hook_messages:
+        turn.tool_results.append(result.message)
+        return [result.message]
     turn.prevent_continuation |= result.prevent_continuation
-    messages: list[TranscriptMessage] = [result.message, *result.attachments]
+    run.hook_errors.extend(m.content for m in result.hook_messages if type(m) is SystemMessage)
+    messages: list[TranscriptMessage] = [result.message, *result.hook_messages]
     turn.tool_results.extend(messages)
     return messages

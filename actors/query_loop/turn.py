@@ -167,7 +167,7 @@ class QueryLoopTurns(TrioActor):
             run.consumer_open = False  # the consumer went away: that is an abort by the user
             run.abort("user")
         elif kind is ToolResult:
-            for message in accept_result(turn, item):
+            for message in accept_result(run, turn, item):
                 await self._emit(run, message, of_turn=turn)
         elif kind is CallEnded:
             record = self._end_call(run, turn, item)
@@ -196,7 +196,7 @@ class QueryLoopTurns(TrioActor):
                 note_assistant(turn, item)
                 self._emit_now(run, item, sent=True)
             elif kind is ToolResult:
-                for message in accept_result(turn, item):
+                for message in accept_result(run, turn, item):
                     self._emit_now(run, message, of_turn=turn)
             elif kind is CallEnded:
                 record = self._end_call(run, turn, item)

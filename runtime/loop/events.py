@@ -111,7 +111,10 @@ def api_error_message(model: str, text: str) -> AssistantMessage:
 
 
 class SystemMessage(Event):
-    """A notice for the user (model fallback, compaction boundary, retries); never sent to the model."""
+    """A notice for the user (model fallback, compaction boundary, retries, `hook_error`); never sent to the model.
+
+    It joins the conversation as it is emitted (a transcript message), where `normalize_messages_for_api`
+    drops it from every request."""
 
     type: Literal["system"] = "system"
     uuid: str = Field(default_factory=new_uuid)
@@ -181,6 +184,9 @@ class ResultMessage(Event):
     usage: Usage
     num_turns: int
     errors: list[str] = Field(default_factory=list)
+    """Why the query ended, for an ending that says (max turns, budget, a model error, a stop hook's
+    `prevent`), then the text of each non-blocking hook error (`hook_error` system events), in order.
+    Hook errors change neither `subtype` nor `is_error`: a `success` may carry them."""
 
 
 QueryEvent = Annotated[

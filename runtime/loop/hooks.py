@@ -1,13 +1,20 @@
-"""Stop hooks and PostToolUse hooks: async callables returning a `HookDecision` (or None to pass)."""
+"""Stop hooks and PostToolUse hooks: async callables returning a `HookDecision` (or None to pass).
+
+A hook that raises is a non-blocking hook error, reported as Claude Code reports one and never to the
+model: the loop goes on as if the hook had returned None (the other hooks' decisions still count),
+a `system` event of subtype `hook_error` is emitted (`hook_error_message`: it joins the conversation,
+whose system messages are never sent to the API) and its text is added to the query's
+`result.errors`. The result's `subtype` and `is_error` stay what the query's ending makes them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from queryloop.runtime.loop.events import TranscriptMessage
+from queryloop.runtime.loop.events import SystemMessage, TranscriptMessage
 
 
 class HookDecision(BaseModel):
@@ -42,3 +49,33 @@ StopHook = Callable[[StopHookInput], Awaitable[HookDecision | None]]
 PostToolUseHook = Callable[[PostToolUseInput], Awaitable[HookDecision | None]]
 
 STOP_HOOK_FEEDBACK = "Stop hook feedback:\n{error}"
+
+HookEvent = Literal["Stop", "PostToolUse"]
+
+HOOK_ERROR = "hook_error"
+"""The `subtype` of the `system` event that reports a hook that raised."""
+
+
+def hook_error_message(
+    event: HookEvent,
+    hook: Callable[..., Any],
+    error: Exception,
+    *,
+    tool_name: str | None = None,
+    tool_use_id: str | None = None,
+) -> SystemMessage:
+    """The `system` event for `hook` having raised `error`; its `content` is the text for `result.errors`.
+
+    `data`: `hook_event` (`Stop`, `PostToolUse`), `hook_name` (the function's `__qualname__`, or its
+    class's for a callable object), `error` (`TypeName: message`) and, for PostToolUse, `tool_name`
+    and `tool_use_id`.
+    """
+    hook_name = getattr(hook, "__qualname__", None) or type(hook).__qualname__
+    detail = str(error)
+    text = f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+    data: dict[str, Any] = {"hook_event": event, "hook_name": hook_name, "error": text}
+    where = ""
+    if event == "PostToolUse":
+        data["tool_name"], data["tool_use_id"] = tool_name, tool_use_id
+        where = f" for {tool_name} ({tool_use_id})"
+    return SystemMessage(subtype=HOOK_ERROR, content=f"{event} hook {hook_name} failed{where}: {text}", data=data)

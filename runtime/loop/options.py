@@ -22,7 +22,10 @@ DEFAULT_SYSTEM_PROMPT = [
 
 @runtime_checkable
 class AttachmentSource(Protocol):
-    """Something that injects context between turns (file-change notices, queued user messages)."""
+    """Something that injects context between turns (file-change notices, queued user messages).
+
+    One that raises is skipped for that turn and logged (as a `memory_prefetch` that raises is).
+    """
 
     async def collect(self) -> list[dict[str, Any]]:
         """Attachments (`{"type": ..., "content": ...}`) that arose since the last call."""

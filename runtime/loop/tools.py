@@ -1,9 +1,30 @@
-"""Tools: async functions with a pydantic input model, a concurrency flag, progress and a timeout.
+"""Tools: functions with a pydantic input model, a concurrency flag, progress and a timeout.
 
     @tool(concurrency_safe=True, description="Read a file")
     async def read(args: ReadArgs, ctx: ToolContext) -> str:
         await ctx.progress("opening")
-        return Path(args.path).read_text()
+        return await trio.Path(args.path).read_text()
+
+    @tool(description="Count the lines of a file")
+    def count(args: ReadArgs, ctx: ToolContext) -> str:  # a plain def: runs in a worker thread
+        ctx.progress_from_thread("counting")
+        return str(len(Path(args.path).read_text().splitlines()))
+
+A tool is an `async def`, awaited on the runtime's trio thread, or a plain `def`,
+run in a worker thread (`trio.to_thread.run_sync`) so that blocking code never
+stalls the runtime. Which one is decided once, when the `Tool` is made
+(`inspect.iscoroutinefunction`, or its `__call__`'s for a callable object), never
+per call; anything else (not callable, a generator function) is a `TypeError`
+then. A plain function that returns an awaitable is not supported: it would run in a
+thread and its awaitable would be an error result.
+
+A sync tool's thread cannot be stopped: an abort, a timeout or a discarded response
+answers the tool at once (`abandon_on_cancel=True`) and abandons the thread, which
+runs on until the function returns; its late result (or exception) is discarded and
+its progress dropped. Until then it holds one of trio's worker-thread slots
+(`trio.to_thread.current_default_thread_limiter()`, 40 by default), so a sync tool
+that may block for long should bound its own waits, or poll
+`trio.from_thread.check_cancelled()`, which raises `trio.Cancelled` in an abandoned thread.
 
 A tool returns a string or a list of content blocks. An exception (or
 `ToolError`) becomes an error result wrapped in `<tool_use_error>`; so do an
@@ -13,15 +34,22 @@ The loop goes on in every case.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict
+import trio
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from queryloop.runtime.errors import QueryloopError
 
 ToolOutput = str | list[dict[str, Any]]
+
+AsyncToolFunction = Callable[[Any, "ToolContext"], Awaitable[ToolOutput]]
+SyncToolFunction = Callable[[Any, "ToolContext"], ToolOutput]
+ToolFunction = AsyncToolFunction | SyncToolFunction
+"""`async def fn(args, ctx)` (awaited on the trio thread) or `def fn(args, ctx)` (run in a worker thread)."""
 
 
 class ToolError(QueryloopError):
@@ -29,30 +57,104 @@ class ToolError(QueryloopError):
 
 
 class ToolContext:
-    """What a running tool may use: its id and a progress channel to the consumer."""
+    """What a running tool may use: its id and a progress channel to the consumer.
 
-    __slots__ = ("_report", "tool_use_id")
+    An async tool awaits `progress`. A sync tool runs in a worker thread, where nothing can be
+    awaited: it calls `progress_from_thread` instead, which has the trio thread send the event
+    and blocks until it is sent (the same backpressure as `progress`); the async `progress`
+    is not for it (called there, it only makes a coroutine that never runs). Once the runtime
+    has stopped waiting for the tool (`abandon`: an abort, its timeout, a discarded response),
+    `progress_from_thread` returns at once and emits nothing, so an abandoned thread never
+    reaches the consumer and never blocks on it.
+    """
+
+    __slots__ = ("_abandoned", "_report", "_sending", "_token", "tool_use_id")
 
     def __init__(self, tool_use_id: str, report: Callable[[str, Any], Awaitable[None]]) -> None:
         self.tool_use_id = tool_use_id
         self._report = report
+        self._abandoned = False
+        self._sending: set[trio.CancelScope] | None = None
+        """The sends `progress_from_thread` has in flight on the trio thread (`abandon` cancels them)."""
+        try:  # made on the trio thread by the executor: any thread the tool starts can reach it too
+            self._token: trio.lowlevel.TrioToken | None = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            self._token = None
 
     async def progress(self, data: Any) -> None:
-        """Emit a `progress` event for this tool now."""
+        """Emit a `progress` event for this tool now (an async tool; a sync one: `progress_from_thread`)."""
         await self._report(self.tool_use_id, data)
+
+    def progress_from_thread(self, data: Any) -> None:
+        """Emit a `progress` event from a worker thread (a sync tool's, or one the tool started).
+
+        Blocks the calling thread until the event is sent (the consumer may be slow); returns at
+        once, emitting nothing, once the tool has been abandoned or the runtime has closed.
+        Called on the trio thread itself it raises `RuntimeError` (it would deadlock).
+        """
+        if self._abandoned:  # a hint only: the trio thread checks again, where it is set
+            return
+        try:
+            trio.from_thread.run(self._send_unless_abandoned, data, trio_token=self._token)
+        except (trio.RunFinishedError, trio.Cancelled):  # the runtime has closed meanwhile
+            return
+
+    def abandon(self) -> None:
+        """The runtime no longer waits for this tool: its progress is dropped from now on (trio thread only)."""
+        self._abandoned = True
+        for scope in self._sending or ():
+            scope.cancel()
+
+    async def _send_unless_abandoned(self, data: Any) -> None:
+        if self._abandoned:
+            return
+        sending = self._sending
+        if sending is None:
+            sending = self._sending = set()
+        with trio.CancelScope() as scope:
+            sending.add(scope)
+            try:
+                await self._report(self.tool_use_id, data)
+            finally:
+                sending.discard(scope)
 
 
 class Tool(BaseModel):
-    """A tool the model may call."""
+    """A tool the model may call: `call` is an `async def` or a plain `def` (see the module docstring)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     name: str
-    call: Callable[[Any, ToolContext], Awaitable[ToolOutput]]
+    call: ToolFunction
     description: str = ""
     input_model: type[BaseModel] | None = None
     concurrency_safe: bool = False
     timeout_s: float | None = None
+    _in_thread: bool = PrivateAttr(default=False)
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._in_thread = _runs_in_thread(self.call, self.name)
+
+    @property
+    def runs_in_thread(self) -> bool:
+        """A plain `def`: `run` calls it in a worker thread (decided when the tool was made)."""
+        return self._in_thread
+
+    async def run(self, args: Any, context: ToolContext) -> ToolOutput:
+        """Call the tool with parsed `args`, on the trio thread or (a sync tool) in a worker thread.
+
+        A cancellation (abort, timeout) answers at once either way: a sync tool's thread is then
+        abandoned, its late result discarded, and `context.abandon()` drops its further progress.
+        """
+        if not self._in_thread:  # an async def, as checked when the tool was made
+            return await cast("AsyncToolFunction", self.call)(args, context)
+        call = cast("SyncToolFunction", self.call)
+        try:
+            return await trio.to_thread.run_sync(
+                call, args, context, abandon_on_cancel=True, thread_name=f"tool {self.name} {context.tool_use_id}"
+            )
+        finally:
+            context.abandon()  # returned, raised or abandoned: nothing of it may reach the consumer now
 
     def api_schema(self) -> dict[str, Any]:
         """The definition sent to the Messages API."""
@@ -73,16 +175,20 @@ def tool(
     input_model: type[BaseModel] | None = None,
     concurrency_safe: bool = False,
     timeout_s: float | None = None,
-) -> Callable[[Callable[[Any, ToolContext], Awaitable[ToolOutput]]], Tool]:
-    """Make a `Tool` of an `async def fn(args: SomeModel, ctx: ToolContext)`.
+) -> Callable[[ToolFunction], Tool]:
+    """Make a `Tool` of an `async def fn(args: SomeModel, ctx: ToolContext)`, or of a plain `def`
+    of the same shape (run in a worker thread: see the module docstring).
 
-    The input model is `input_model`, or else read from the first parameter's hint.
+    The input model is `input_model`, or else read from the first parameter's hint. Anything but
+    a sync or async function (or callable object) is refused with a `TypeError` here.
     """
 
-    def wrap(fn: Callable[[Any, ToolContext], Awaitable[ToolOutput]]) -> Tool:
+    def wrap(fn: ToolFunction) -> Tool:
+        tool_name = name or _name_of(fn)
+        _runs_in_thread(fn, tool_name)  # refuses what is neither, before anything else reads it
         model = input_model if input_model is not None else _hinted_model(fn)
         return Tool(
-            name=name or fn.__name__,
+            name=tool_name,
             call=fn,
             description=description if description is not None else inspect.getdoc(fn) or "",
             input_model=model,
@@ -93,6 +199,37 @@ def tool(
     return wrap
 
 
+def _name_of(fn: object) -> str:
+    found = getattr(fn, "__name__", None)
+    if isinstance(found, str):
+        return found
+    if callable(fn):
+        return type(fn).__name__
+    msg = f"@tool makes a tool of a function (def or async def), not of {type(fn).__name__} {fn!r}"
+    raise TypeError(msg)
+
+
+def _runs_in_thread(fn: object, name: str) -> bool:
+    """False for an async function (or callable object), True for a sync one; `TypeError` for anything else."""
+    if not callable(fn):
+        msg = f"tool {name!r}: call must be a function (def or async def), not {type(fn).__name__} {fn!r}"
+        raise TypeError(msg)
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        msg = f"tool {name!r}: a generator function cannot be a tool; return its output (use ctx for progress)"
+        raise TypeError(msg)
+    if inspect.iscoroutinefunction(fn):
+        return False
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isclass(fn)):
+        kind: Any = type(fn)
+        dunder = kind.__call__  # a callable object: its __call__ says
+        if inspect.iscoroutinefunction(dunder):
+            return False
+        if inspect.isasyncgenfunction(dunder) or inspect.isgeneratorfunction(dunder):
+            msg = f"tool {name!r}: a generator cannot be a tool; return its output"
+            raise TypeError(msg)
+    return True
+
+
 def _hinted_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
     first = next(iter(inspect.signature(fn).parameters), None)
     if first is None:
@@ -100,14 +237,25 @@ def _hinted_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
     hint = inspect.signature(fn).parameters[first].annotation
     try:
         if isinstance(hint, str):  # postponed annotations: resolve this one hint as typing would
-            hint = eval(hint, fn.__globals__)
+            hint = eval(hint, _globals_of(fn))
     except NameError as error:
         msg = (
-            f"tool {fn.__name__!r}: cannot resolve the type of {first!r} ({error}); "
+            f"tool {_name_of(fn)!r}: cannot resolve the type of {first!r} ({error}); "
             "define the model at module level or pass input_model="
         )
         raise TypeError(msg) from error
     return hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
+
+
+def _globals_of(fn: object) -> dict[str, Any]:
+    """The module globals `fn`'s annotations were written in (through partials, of a callable object's class)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+        kind: Any = type(fn)
+        fn = kind.__call__
+    found: dict[str, Any] = getattr(fn, "__globals__", {})
+    return found
 
 
 class Allow(BaseModel):
