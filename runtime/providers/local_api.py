@@ -59,6 +59,7 @@ import h11
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
+from queryloop.runtime.errors import NotInTrio
 from queryloop.runtime.providers.scripted import ScriptedError, ScriptedReply, ScriptEntry, parse_entry, reply_events
 
 if TYPE_CHECKING:
@@ -207,6 +208,8 @@ class LocalMessagesAPI:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        if not trio.lowlevel.in_trio_run():
+            raise NotInTrio("`async with LocalMessagesAPI(...)`")
         stack = AsyncExitStack()
         await stack.enter_async_context(self._serving())
         self._stack = stack
