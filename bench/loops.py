@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="tune_gc",
         action="store_false",
         help="open the runtime side with Runtime.open(tune_gc=False), the library's default, instead of"
-        " tune_gc=True (the collector's thresholds raised while it runs; the baseline never is)",
+        " tune_gc=True, which raises the collector's thresholds while the runtime side runs (never while"
+        " the baseline does); docs/collector.md",
     )
 
 
