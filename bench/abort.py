@@ -12,6 +12,10 @@ The same seeded moments are used for the baseline. Latency is measured from the 
 the loop's `result` event. `violations` counts loops the abort reached (before they had decided
 how they end) whose terminal is not an aborted one, and loops whose transcript is invalid;
 `leftover_tasks` counts tasks of a session still running once its query's stream has ended.
+
+The runtime side opens its runtime with `tune_gc=True`, as a host that owns its process would
+(`--no-tune-gc`: with the collector at the process's thresholds); the baseline side always runs at
+the process's thresholds.
 """
 
 from __future__ import annotations
@@ -54,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start every slot in the same instant (with --loops-per-slot 1: C loops whose steps coincide)",
     )
+    parser.add_argument(
+        "--no-tune-gc",
+        dest="tune_gc",
+        action="store_false",
+        help="open the runtime side with Runtime.open(tune_gc=False), the library's default, instead of"
+        " tune_gc=True, which raises the collector's thresholds while the runtime side runs (never while"
+        " the baseline does); docs/collector.md",
+    )
 
 
 Slot = tuple[float, list[float]]
@@ -86,7 +98,7 @@ async def _run_slots(slots: list[Slot], one: Callable[[float], Awaitable[None]])
 async def runtime_run(args: argparse.Namespace, slots: list[Slot]) -> dict[str, Any]:
     latencies: list[float] = []
     violations = leftover = 0
-    async with Runtime.open() as runtime:
+    async with Runtime.open(tune_gc=args.tune_gc) as runtime:
 
         async def one(delay: float) -> None:
             nonlocal violations, leftover
@@ -185,6 +197,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     ratio = p99 / b99 if b99 else float("inf")
     load = f"{args.concurrency} loops at once, {args.loops_per_slot} after one another in each slot"
     load += ", all slots started together" if args.lockstep else ""
+    load += "" if args.tune_gc else ", runtime with tune_gc=False"
     print(f"abort under load: {load}, model {args.model_ms} ms, tools {args.tool_ms} ms, {rounds} rounds")
     print(f"  baseline : abort p50 {b50:7.2f} ms  p99 {b99:7.2f} ms  ({len(base)} aborted before their end)")
     print(f"  runtime  : abort p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  ({len(lat)} aborted before their end)")
@@ -200,6 +213,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "tool_ms": args.tool_ms,
         "loops_per_slot": args.loops_per_slot,
         "lockstep": args.lockstep,
+        "tune_gc": args.tune_gc,
         "abort_p50_ms": round(p50, 3),
         "abort_p99_ms": round(p99, 3),
         "baseline_abort_p50_ms": round(b50, 3),

@@ -102,7 +102,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     levels = sorted({int(n) for n in args.sessions.split(",")})
     if len(levels) < 2:
         sys.exit(f"--sessions needs two levels or more to compare (e.g. 100,1000), not {args.sessions!r}")
-    async with Runtime.open() as runtime:
+    async with Runtime.open(tune_gc=True) as runtime:
         bare: list[float] = []
         ours: list[float] = []
         for _ in range(args.rounds):

@@ -5,6 +5,10 @@ run the query to its result, close the session. `throughput_ratio` = runtime loo
 baseline loops/s, best round of each, rounds alternating so that both see the same machine.
 `--concurrency` takes a list (`10,100,1000`) for a throughput curve; the JSON's top-level
 figures are then those of the largest level, and `--plot FILE.png` draws the curve.
+
+The runtime side opens its runtimes with `tune_gc=True`, as a host that owns its process would
+(`--no-tune-gc`: with the collector at the process's thresholds); the baseline side always runs at
+the process's thresholds.
 """
 
 from __future__ import annotations
@@ -31,11 +35,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-ms", type=float, default=0.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plot", metavar="FILE.png", help="draw loops/s against concurrency")
+    parser.add_argument(
+        "--no-tune-gc",
+        dest="tune_gc",
+        action="store_false",
+        help="open the runtime side with Runtime.open(tune_gc=False), the library's default, instead of"
+        " tune_gc=True, which raises the collector's thresholds while the runtime side runs (never while"
+        " the baseline does); docs/collector.md",
+    )
 
 
-async def runtime_round(concurrency: int, model_ms: float, tool_ms: float) -> tuple[float, list[float]]:
+async def runtime_round(
+    concurrency: int, model_ms: float, tool_ms: float, *, tune_gc: bool = True
+) -> tuple[float, list[float]]:
     latencies: list[float] = []
-    async with Runtime.open() as runtime:
+    async with Runtime.open(tune_gc=tune_gc) as runtime:
 
         async def one() -> None:
             start = time.perf_counter()
@@ -87,13 +101,14 @@ async def measure_level(c: int, args: argparse.Namespace, advance: Any) -> dict[
         gc.collect()
         base.append(await baseline_round(c, model_ms, tool_ms))
         gc.collect()
-        ours.append(await runtime_round(c, model_ms, tool_ms))
+        ours.append(await runtime_round(c, model_ms, tool_ms, tune_gc=args.tune_gc))
         advance()
     best_ours = min(ours, key=lambda r: r[0])
     best_base = min(base, key=lambda r: r[0])
     ours_rate, base_rate = c / best_ours[0], c / best_base[0]
     ratio = ours_rate / base_rate
-    print(f"workload W, {c} loops at once, model {model_ms} ms, tools {tool_ms} ms")
+    gc_note = "" if args.tune_gc else ", runtime with tune_gc=False"
+    print(f"workload W, {c} loops at once, model {model_ms} ms, tools {tool_ms} ms{gc_note}")
     print(f"  baseline : {base_rate:8.0f} loops/s  p50 {percentile(best_base[1], 0.5) * 1e3:7.1f} ms")
     print(f"  runtime  : {ours_rate:8.0f} loops/s  p50 {percentile(best_ours[1], 0.5) * 1e3:7.1f} ms")
     print(f"  throughput_ratio (runtime / baseline): {ratio:.2f}")
@@ -120,7 +135,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     if target is not None:
         plot_throughput(target, points, f"workload W, model {args.model_ms} ms, tools {args.tool_ms} ms")
         print(f"  plot: {target}")
-    result = {"benchmark": "loops", "model_ms": args.model_ms, "tool_ms": args.tool_ms, **points[-1]}
+    result = {
+        "benchmark": "loops",
+        "model_ms": args.model_ms,
+        "tool_ms": args.tool_ms,
+        "tune_gc": args.tune_gc,
+        **points[-1],
+    }
     if len(points) > 1:
         result["points"] = points
     return result

@@ -40,7 +40,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     live: list[tuple[Session, QueryHandle]] = []
     costs: dict[int, float] = {}
     rss_at: dict[int, float] = {}
-    async with Runtime.open() as runtime:
+    async with Runtime.open(tune_gc=True) as runtime:
 
         async def start_one() -> tuple[Session, QueryHandle]:
             session = await runtime.open_session(

@@ -15,6 +15,21 @@ class BlockingCallOnTrioThread(QueryloopError, RuntimeError):
     """
 
 
+class NotInTrio(QueryloopError, RuntimeError):
+    """A trio entry point was called outside a trio run (under asyncio, say).
+
+    queryloop's actors are trio tasks; they cannot run on another event loop. From asyncio (or
+    any other loop), `BlockingRuntime` runs a runtime on its own trio thread.
+    """
+
+    def __init__(self, entry: str = "Runtime.open()") -> None:
+        super().__init__(
+            f"queryloop runs on trio: call {entry} inside trio.run(...); from asyncio use BlockingRuntime"
+            " (a trio thread) for now — an asyncio facade (queryloop.aio) is planned"
+        )
+        self.entry = entry
+
+
 class NotInSession(QueryloopError, RuntimeError):
     """A `TrioActor` was constructed outside a session's supervisor."""
 

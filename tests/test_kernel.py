@@ -461,21 +461,6 @@ async def test_work_started_by_work_an_abort_is_unwinding_is_aborted_too(
         assert ran == []
 
 
-async def test_an_open_runtime_raises_the_gc_thresholds_and_the_last_to_close_restores_them() -> None:
-    import gc
-
-    before = gc.get_threshold()
-    assert before[0] < 10_000 and before[2] < 100
-    async with Runtime.open() as _:
-        assert gc.get_threshold() == (10_000, before[1], 100)
-        async with Runtime.open() as _:
-            assert gc.get_threshold()[0] == 10_000
-        assert gc.get_threshold()[0] == 10_000  # another runtime is still open
-    assert gc.get_threshold() == before
-    async with Runtime.open(tune_gc=False) as _:
-        assert gc.get_threshold() == before
-
-
 async def test_work_asked_for_after_the_groups_nursery_closed_fails_the_ask_clearly() -> None:
     async with trio.open_nursery() as nursery:
         group = Supervisor("outlived", nursery)

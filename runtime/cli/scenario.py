@@ -211,7 +211,7 @@ async def run_scenario(scenario: Scenario) -> dict[str, Any]:
     )
     labels: list[str] = []
     events: list[QueryEvent] = []
-    async with Runtime.open() as runtime:
+    async with Runtime.open(tune_gc=True) as runtime:  # the scenario command owns its process
         session = await runtime.open_session(options)
         handle = session.query(scenario.prompt)
         async with trio.open_nursery() as nursery:

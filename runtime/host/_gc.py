@@ -1,4 +1,9 @@
-"""The collector's thresholds while runtimes are open.
+"""The collector's thresholds while runtimes opened with `tune_gc=True` are open.
+
+Off by default: the thresholds are the host process's, and a library does not change its host's
+process settings unasked. `Runtime.open(tune_gc=True)` is for a host that owns its process (as
+`python -m bench` does for the runtime side of every benchmark); a host may instead set
+`gc.set_threshold(10_000, 10, 100)` itself. docs/collector.md has the measured difference.
 
 CPython 3.11 collects its youngest generation every 700 net allocations. A runtime
 hosting a thousand loops has tens of thousands of short-lived objects in flight
@@ -16,10 +21,11 @@ live sessions: a pause of 100–260 ms at a thousand sessions (`bench abort
 --concurrency 1000`: two such pauses in eight rounds set that run's p99), for
 little garbage.
 
-The baseline loop of the benchmarks is left at Python's defaults, so their ratios
-count this as the runtime's own. The young threshold is raised only when it is lower,
-the old one only when it is lower; both are put back when the last open runtime
-closes (unless someone changed them meanwhile).
+The benchmarks open their runtimes with `tune_gc=True` (`--no-tune-gc` to compare) and leave
+their baseline loop at Python's defaults, so their ratios count this as the runtime's own.
+The young threshold is raised only when it is lower, the old one only when it is lower;
+both are put back when the last runtime that asked for them closes (unless someone changed
+them meanwhile).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ _saved: tuple[int, int, int] | None = None
 
 
 def acquire() -> None:
-    """One more runtime wants the raised threshold."""
+    """One more runtime (opened with `tune_gc=True`) wants the raised thresholds."""
     global _holders, _saved  # noqa: PLW0603 - process-wide by nature, like the collector itself
     with _lock:
         _holders += 1

@@ -12,6 +12,16 @@ Every call is carried to the runtime's thread through its `TrioToken`, so it wor
 any number of threads, and whether or not the calling thread runs an event loop of its
 own (a notebook, an asyncio server): nothing here touches the caller's loop. Calling it
 from the runtime's own trio thread would deadlock, and raises instead.
+
+From asyncio this is the way in for now (`Runtime.open()` needs a trio run and raises
+`NotInTrio` elsewhere). Each call blocks the calling thread until the runtime answers, so
+inside a coroutine it stalls that event loop for as long; to keep the loop serving, make the
+calls that wait (starting the runtime, opening a session, each `next(query)`) from a worker
+thread: `await asyncio.to_thread(rt.open_session, options)`, `await asyncio.to_thread(next,
+query, None)`.
+
+`BlockingRuntime(tune_gc=True)` opens its runtime with `Runtime.open(tune_gc=True)`: only
+for a host that owns its process (see `Runtime.open`).
 """
 
 from __future__ import annotations
@@ -41,7 +51,8 @@ T = TypeVar("T")
 class BlockingRuntime:
     """Start with `with BlockingRuntime() as rt:` (or `.start()` / `.close()`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tune_gc: bool = False) -> None:
+        self._tune_gc = tune_gc
         self._runtime: Runtime | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._ready = threading.Event()
@@ -63,7 +74,7 @@ class BlockingRuntime:
         async def serve() -> None:
             self._token = trio.lowlevel.current_trio_token()
             self._stop = trio.Event()
-            async with Runtime.open() as runtime:
+            async with Runtime.open(tune_gc=self._tune_gc) as runtime:
                 self._runtime = runtime
                 self._ready.set()
                 await self._stop.wait()

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Self
 import h11
 import trio
 
+from queryloop.runtime.errors import NotInTrio
 from queryloop.runtime.providers.scripted import ScriptedError, ScriptedReply, reply_events
 from queryloop.runtime.providers.wire_script import (
     IMAGE_SIZE_MESSAGE,
@@ -152,6 +153,8 @@ class LocalMessagesAPI:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        if not trio.lowlevel.in_trio_run():
+            raise NotInTrio("`async with LocalMessagesAPI(...)`")
         stack = AsyncExitStack()
         await stack.enter_async_context(self._serving())
         self._stack = stack
