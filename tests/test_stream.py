@@ -390,3 +390,37 @@ def test_pause_turn_streams_with_server_tools_assemble(name: str) -> None:
     assert assembler.stop_reason == recorded
     assert assembler.stopped is True
     assert any(c.block["type"] == "server_tool_use" for c in completed)
+
+
+def test_text_thinking_and_compaction_deltas_are_joined_once_at_their_block_stop() -> None:
+    assembler = ResponseAssembler()
+    assembler.feed({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "T"}})
+    assembler.feed({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}})
+    assembler.feed(
+        {"type": "content_block_start", "index": 2, "content_block": {"type": "compaction", "content": None}}
+    )
+    pieces = [f"w{i} " for i in range(5000)]
+    for piece in pieces:
+        assembler.feed(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": piece}}
+        )
+        assembler.feed({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": piece}})
+        assembler.feed(
+            {"type": "content_block_delta", "index": 2, "delta": {"type": "compaction_delta", "content": piece}}
+        )
+    # Nothing is joined while the blocks stream: no copy of the text grows with every delta.
+    assert assembler._open[1]["text"] == ""
+    thinking = assembler.feed({"type": "content_block_stop", "index": 0})
+    text = assembler.feed({"type": "content_block_stop", "index": 1})
+    compaction = assembler.feed({"type": "content_block_stop", "index": 2})
+    assert thinking is not None and thinking.block["thinking"] == "T" + "".join(pieces)
+    assert text is not None and text.block == {"type": "text", "text": "".join(pieces)}
+    assert compaction is not None and compaction.block["content"] == "".join(pieces)
+
+
+def test_a_text_block_cut_by_the_end_of_the_stream_is_joined_and_dropped_with_its_pieces() -> None:
+    assembler = ResponseAssembler()
+    assembler.feed({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+    assembler.feed({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "cut"}})
+    assert assembler.close_truncated() == []  # only a tool_use is answered; a cut text is not kept
+    assert assembler._pieces == {} and assembler._piece_field == {} and assembler._open == {}

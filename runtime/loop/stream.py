@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.model import ModelProvider, ModelRequest
 
 
+STREAMED_FIELD: dict[str, str] = {"text_delta": "text", "thinking_delta": "thinking", "compaction_delta": "content"}
+"""The deltas that extend a block's string, and which field they extend (a compaction's summary, the server's,
+must be sent back intact: it is joined like a text)."""
+
 @dataclass(slots=True)
 class CompletedBlock:
     index: int
@@ -45,8 +49,9 @@ class ResponseAssembler:
     usage: Usage = field(default_factory=Usage)
     _open: dict[int, Block] = field(default_factory=dict)
     _json: dict[int, list[str]] = field(default_factory=dict)
-    _pieces: dict[int, dict[str, list[str]]] = field(default_factory=dict)
-    """Per open block, the pieces of each string field its deltas extend, joined at completion."""
+    _pieces: dict[int, list[str]] = field(default_factory=dict)
+    """Per open block, the pieces of the string its deltas extend (`STREAMED_FIELD`), joined at completion."""
+    _piece_field: dict[int, str] = field(default_factory=dict)
 
     def feed(self, event: dict[str, Any]) -> CompletedBlock | None:
         """Take one raw event; return the block it completed, if any."""
@@ -77,31 +82,24 @@ class ResponseAssembler:
         if block is None:
             return
         kind = delta.get("type")
-        if kind == "text_delta":
-            self._extend(index, block, "text", delta.get("text", ""))
+        key = STREAMED_FIELD.get(kind or "")
+        if key is not None:  # text, thinking, compaction: a piece of the block's one growing string
+            pieces = self._pieces.get(index)
+            if pieces is None:
+                pieces = self._pieces[index] = [block.get(key) or ""]  # what the block's start carried first
+                self._piece_field[index] = key
+            pieces.append(delta.get(key, ""))
         elif kind == "input_json_delta":
             self._json[index].append(delta.get("partial_json", ""))
-        elif kind == "thinking_delta":
-            self._extend(index, block, "thinking", delta.get("thinking", ""))
         elif kind == "signature_delta":
             block["signature"] = delta.get("signature", "")
         elif kind == "citations_delta":
             block.setdefault("citations", []).append(delta.get("citation"))
-        elif kind == "compaction_delta":  # the server's summary: it must be sent back intact
-            self._extend(index, block, "content", delta.get("content", ""))
-
-    def _extend(self, index: int, block: Block, key: str, piece: str) -> None:
-        fields = self._pieces.get(index)
-        if fields is None:
-            fields = self._pieces[index] = {}
-        pieces = fields.get(key)
-        if pieces is None:
-            pieces = fields[key] = [block.get(key) or ""]  # what the block's start carried comes first
-        pieces.append(piece)
 
     def _join(self, index: int, block: Block) -> Block:
-        for key, pieces in self._pieces.pop(index, {}).items():
-            block[key] = "".join(pieces)
+        pieces = self._pieces.pop(index, None)
+        if pieces is not None:
+            block[self._piece_field.pop(index)] = "".join(pieces)
         return block
 
     def _complete(self, index: int) -> CompletedBlock | None:
