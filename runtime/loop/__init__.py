@@ -6,5 +6,6 @@ token budget gate (`token_budget`), the conversation's API form and invariants (
 durable file (`persistence`); and the contracts with the outside: the model provider protocol
 (`model`), the assembly of a streamed response (`stream`), tools (`tools`), hooks (`hooks`), prices
 (`pricing`) and `QueryOptions` (`options`).
-Imports only `queryloop.runtime.errors`; the actors call these functions, never the reverse.
+Imports only `queryloop.runtime.errors` and `queryloop.runtime._records`; the actors call these functions,
+never the reverse.
 """

@@ -13,12 +13,17 @@ wire.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import os
 import secrets
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from queryloop.runtime._records import record
 
 Block = dict[str, Any]
 """A content block exactly as the Messages API has it (`{"type": "text", "text": ...}`, ...)."""
@@ -42,6 +47,51 @@ def new_uuid() -> str:
     return f"m{_process}-{next(_uuids)}"
 
 
+_adapters: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+    """The pydantic adapter of one record class, made on first use."""
+    adapter = _adapters.get(cls)
+    if adapter is None:
+        adapter = _adapters[cls] = TypeAdapter(cls)
+    return adapter
+
+
+class Model:
+    """pydantic's model API over a record, for where data enters or leaves: dumps, validation, schema, copies."""
+
+    __slots__ = ()
+
+    def model_dump(self, *, mode: Literal["json", "python"] = "python", **options: Any) -> dict[str, Any]:
+        """A new dict of the fields, nested records and containers included: what pydantic's `model_dump` gave."""
+        dumped: dict[str, Any] = _adapter(type(self)).dump_python(self, mode=mode, **options)
+        return dumped
+
+    def model_dump_json(self, **options: Any) -> str:
+        return _adapter(type(self)).dump_json(self, **options).decode()
+
+    @classmethod
+    def model_validate(cls, obj: Any, **options: Any) -> Self:
+        """Validate `obj` (a dict, or an instance, returned as it is) into this class; raises `ValidationError`."""
+        validated: Self = _adapter(cls).validate_python(obj, **options)
+        return validated
+
+    @classmethod
+    def model_validate_json(cls, data: str | bytes, **options: Any) -> Self:
+        validated: Self = _adapter(cls).validate_json(data, **options)
+        return validated
+
+    @classmethod
+    def model_json_schema(cls, **options: Any) -> dict[str, Any]:
+        return _adapter(cls).json_schema(**options)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with the fields in `update` replaced, not validated (as pydantic's `model_copy`)."""
+        source = copy.deepcopy(self) if deep else self
+        return dataclasses.replace(source, **(update or {}))  # type: ignore[type-var]
+
+
 class Event(BaseModel):
     """Base of every event: frozen, unknown fields refused."""
 
@@ -58,10 +108,11 @@ class Event(BaseModel):
         return f"system:{getattr(self, 'subtype', '')}" if kind == "system" else kind
 
 
-class Usage(BaseModel):
+@record
+class Usage(Model):
     """The four token counts the API reports; accumulated per call and per query."""
 
-    model_config = ConfigDict(frozen=True)
+    __pydantic_config__ = ConfigDict(extra="ignore")  # its own, or an event's "forbid" would apply inside one
 
     input_tokens: int = 0
     output_tokens: int = 0

@@ -1,0 +1,75 @@
+"""`record`: a frozen, slotted, keyword-only dataclass whose `__init__` only stores its arguments.
+
+What the runtime builds itself from data already checked (events, the messages between actors) needs no
+validation on the way: a record costs about what a plain slotted class does (one call, one slot store per
+field), a tenth of a pydantic model's `__init__`, and it is one GC-tracked object (a pydantic model is
+three: the instance, its `__dict__` and its fields-set). Data from outside is validated where it enters,
+by pydantic, which understands these dataclasses (a `TypeAdapter` over a record or a union of records).
+
+Frozen as the dataclass module makes it (assigning a field raises `FrozenInstanceError`), but without its
+cost: dataclasses' frozen `__init__` stores each field through `object.__setattr__`, three times the
+price of a slot store; this one calls each slot's descriptor directly. Everything else (`__eq__`,
+`__hash__`, `__repr__`, `__match_args__`, `dataclasses.fields/replace/asdict`, pickling) is the
+dataclass module's own.
+
+A layer of its own at the bottom, as `errors` is: it imports nothing of ours, and both the kernel (its
+messages) and the loop (its events) are built on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, TypeVar, dataclass_transform
+
+R = TypeVar("R")
+
+_MISSING: Any = object()
+"""The default of a parameter whose field has a `default_factory`: the factory runs when it is seen."""
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field,))
+def record(cls: type[R]) -> type[R]:
+    """Make `cls` a frozen, slotted, keyword-only dataclass with a storing-only `__init__`.
+
+    Fields are declared as on any dataclass (`name: type = default`, `dataclasses.field(default_factory=...)`);
+    a base that declares no field of its own must declare `__slots__ = ()`, or every instance gets a `__dict__`.
+    """
+    made: type[R] = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)
+    made.__init__ = _storing_init(made)  # type: ignore[method-assign]
+    return made
+
+
+def _storing_init(cls: type[Any]) -> Any:
+    """The `__init__` the dataclass module would write for `cls`, but storing through the slot descriptors."""
+    if hasattr(cls, "__post_init__"):
+        msg = f"{cls.__qualname__}: a record has no __post_init__ (it stores its arguments, nothing else)"
+        raise TypeError(msg)
+    namespace: dict[str, Any] = {"_MISSING": _MISSING}
+    params: list[str] = []
+    body: list[str] = []
+    for field in dataclasses.fields(cls):
+        name = field.name
+        slot = getattr(cls, name)
+        if not field.init or not isinstance(slot, types.MemberDescriptorType):
+            msg = f"{cls.__qualname__}.{name}: a record's fields are slots set by __init__"
+            raise TypeError(msg)
+        namespace[f"_set_{name}"] = slot.__set__
+        value = name
+        if field.default is not dataclasses.MISSING:
+            namespace[f"_default_{name}"] = field.default
+            params.append(f"{name}=_default_{name}")
+        elif field.default_factory is not dataclasses.MISSING:
+            namespace[f"_factory_{name}"] = field.default_factory
+            params.append(f"{name}=_MISSING")
+            value = f"_factory_{name}() if {name} is _MISSING else {name}"
+        else:
+            params.append(name)
+        body.append(f"    _set_{name}(self, {value})")
+    signature = f"self, *, {', '.join(params)}" if params else "self"
+    source = f"def __init__({signature}) -> None:\n" + ("\n".join(body) or "    pass") + "\n"
+    exec(source, namespace)  # generated from the class's own field names, as dataclasses does
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    return init
