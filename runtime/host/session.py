@@ -154,7 +154,8 @@ class Session:
         control = QueryControl()
         handle = QueryHandle(self, events, control)
         self._control, self._current_events = control, events
-        self._loop.tell(RunQuery(prompt=UserMessage(content=prompt), options=options, sink=events, control=control))
+        prompt_message = UserMessage.model_validate({"content": prompt})  # the host's input: validated (and copied)
+        self._loop.tell(RunQuery(prompt=prompt_message, options=options, sink=events, control=control))
         return handle
 
     async def abort(self, reason: AbortReason = "user") -> list[AbortAck]:

@@ -1,10 +1,16 @@
 """What a query produces: transcript messages and the events a consumer sees.
 
-Every item of a query's event stream is one of these frozen models, told apart
-by `type` (and `subtype` for system and result events). Transcript messages
-(`user`, `assistant`, `system`, `attachment`) are also what the session keeps
-as its conversation; the others (`stream_request_start`, `stream_event`,
-`progress`, `tombstone`, `tool_use_summary`, `result`) are for the consumer.
+Every item of a query's event stream is one of these frozen records (`queryloop.runtime._records`:
+slotted dataclasses, built without validation), told apart by `type` (and `subtype` for system and
+result events). Transcript messages (`user`, `assistant`, `system`, `attachment`) are also what the
+session keeps as its conversation; the others (`stream_request_start`, `stream_event`, `progress`,
+`tombstone`, `tool_use_summary`, `result`) are for the consumer.
+
+The runtime builds them from data already checked, so nothing is validated or copied on the way (a
+`StreamEvent` holds the provider's own event dict). Where they enter or leave, pydantic has their schema:
+`model_dump()` / `model_dump(mode="json")` give the JSON a pydantic model gave, `model_validate(dict)`
+validates one (`TranscriptMessage` / `QueryEvent` are discriminated unions for a `TypeAdapter`; a
+transcript is loaded that way), `model_json_schema()` describes one.
 
 Content blocks stay as the Messages API's own JSON objects (`dict`): unknown
 block types pass through unharmed, and nothing is converted on the way to the
@@ -21,7 +27,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from queryloop.runtime._records import record
 
@@ -92,10 +98,11 @@ class Model:
         return dataclasses.replace(source, **(update or {}))  # type: ignore[type-var]
 
 
-class Event(BaseModel):
-    """Base of every event: frozen, unknown fields refused."""
+class Event(Model):
+    """Base of every event: frozen, unknown fields refused (when validated)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    __slots__ = ()
+    __pydantic_config__ = ConfigDict(extra="forbid")
 
     @property
     def label(self) -> str:
@@ -131,19 +138,23 @@ class Usage(Model):
 # -- transcript messages ------------------------------------------------------------
 
 
+@record
 class UserMessage(Event):
+    """A user turn: the prompt, tool results, or the runtime's meta messages for the model."""
+
     type: Literal["user"] = "user"
-    uuid: str = Field(default_factory=new_uuid)
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     content: str | list[Block]
     is_meta: bool = False
     """Written by the runtime for the model (recovery prompts, hook feedback), not typed by a person."""
 
 
+@record
 class AssistantMessage(Event):
     """One completed content block of a model response (a response spans several, sharing `message_id`)."""
 
     type: Literal["assistant"] = "assistant"
-    uuid: str = Field(default_factory=new_uuid)
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     message_id: str
     model: str
     content: list[Block]
@@ -161,6 +172,7 @@ def api_error_message(model: str, text: str) -> AssistantMessage:
     )
 
 
+@record
 class SystemMessage(Event):
     """A notice for the user (model fallback, compaction boundary, retries, `hook_error`); never sent to the model.
 
@@ -168,17 +180,18 @@ class SystemMessage(Event):
     drops it from every request."""
 
     type: Literal["system"] = "system"
-    uuid: str = Field(default_factory=new_uuid)
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     subtype: str
     content: str = ""
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@record
 class AttachmentMessage(Event):
     """Context injected between turns (`attachment.type`: file change, queued message, max_turns_reached...)."""
 
     type: Literal["attachment"] = "attachment"
-    uuid: str = Field(default_factory=new_uuid)
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     attachment: dict[str, Any]
 
 
@@ -189,23 +202,31 @@ TranscriptMessage = Annotated[
 # -- consumer-only events ---------------------------------------------------------------
 
 
+@record
 class StreamRequestStart(Event):
+    """A model call starts (one per request, retries and fallbacks included)."""
+
     type: Literal["stream_request_start"] = "stream_request_start"
 
 
+@record
 class StreamEvent(Event):
-    """A raw Messages API stream event, passed through as received."""
+    """A raw Messages API stream event, passed through as received (the provider's own dict, not a copy)."""
 
     type: Literal["stream_event"] = "stream_event"
     event: dict[str, Any]
 
 
+@record
 class ProgressEvent(Event):
+    """What a tool reported through `ctx.progress(...)` while it ran."""
+
     type: Literal["progress"] = "progress"
     tool_use_id: str
     data: Any
 
 
+@record
 class TombstoneEvent(Event):
     """Retracts an assistant message already emitted (its response was abandoned on fallback)."""
 
@@ -213,7 +234,10 @@ class TombstoneEvent(Event):
     message_uuid: str
 
 
+@record
 class ToolUseSummaryEvent(Event):
+    """A one-line summary of a tool batch (with `tool_use_summaries=True`)."""
+
     type: Literal["tool_use_summary"] = "tool_use_summary"
     summary: str
     preceding_tool_use_ids: list[str]
@@ -222,6 +246,7 @@ class ToolUseSummaryEvent(Event):
 ResultSubtype = Literal["success", "error_max_turns", "error_max_budget_usd", "error_during_execution"]
 
 
+@record
 class ResultMessage(Event):
     """The last event of every query, whatever its end."""
 
@@ -234,7 +259,7 @@ class ResultMessage(Event):
     total_cost_usd: float
     usage: Usage
     num_turns: int
-    errors: list[str] = Field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
     """Why the query ended, for an ending that says (max turns, budget, a model error, a stop hook's
     `prevent`), then the text of each non-blocking hook error (`hook_error` system events), in order.
     Hook errors change neither `subtype` nor `is_error`: a `success` may carry them."""
