@@ -14,12 +14,11 @@ the sum over every session that reports to it.
 
 from __future__ import annotations
 
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict, Field
-
 from queryloop.runtime.kernel.actor import TrioActor
-from queryloop.runtime.kernel.messages import Message
+from queryloop.runtime.kernel.messages import Message, record
 from queryloop.runtime.loop.events import Usage
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
 from queryloop.runtime.loop.token_budget import BudgetTracker, check_token_budget
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
 
+@record
 class BeginQuery(Message):
     """Reset the per-query ledger; `max_budget_usd`, `token_budget` and `pricing` apply to this query."""
 
@@ -38,6 +38,7 @@ class BeginQuery(Message):
     """Overrides the table's price of `model` (this query's model) only; other models keep the table's."""
 
 
+@record
 class RecordUsage(Message):
     """One model call's usage, priced at `model`'s rates."""
 
@@ -47,28 +48,31 @@ class RecordUsage(Message):
     """False for the runtime's own calls (summaries, compaction): their cost counts, their tokens do not."""
 
 
+@record
 class SettleQuery(Message):
     """Record `calls` (an uncapped query's, collected by the loop) and answer the query's `BudgetStatus`."""
 
-    calls: list[RecordUsage] = Field(default_factory=list)
+    calls: list[RecordUsage] = field(default_factory=list)
 
 
+@record
 class CheckTokenBudget(Message):
     """The token-budget gate (seed 003) for the current query, given its output tokens so far."""
 
     global_turn_tokens: int
 
 
+@record
 class BudgetStatus(Message):
     query_usage: Usage
     query_cost_usd: float
     exceeded: bool
 
 
+@record
 class HostSpend(Message):
     """A child guard's spend, reported to a host-wide parent; answered with whether the host cap is hit."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     cost_usd: float
 
 

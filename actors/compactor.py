@@ -24,7 +24,7 @@ import trio
 
 from queryloop.actors.budget_guard import RecordUsage
 from queryloop.runtime.kernel.actor import TrioActor
-from queryloop.runtime.kernel.messages import CarrierMessage, Message
+from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
 from queryloop.runtime.loop.context import (
     COMPACT_INSTRUCTIONS,
     ContextLimits,
@@ -55,6 +55,7 @@ MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
 COMPACT_SYSTEM_PROMPT = "You are a helpful AI assistant tasked with summarizing conversations."
 
 
+@record
 class ContextConfig(Message):
     """The context settings of one query (part of its config snapshot)."""
 
@@ -70,11 +71,13 @@ class ContextConfig(Message):
     snip_max_rounds: int | None
 
 
+@record
 class Prepare(CarrierMessage):
     messages: list[TranscriptMessage]
     config: ContextConfig
 
 
+@record
 class Prepared(CarrierMessage):
     messages: list[TranscriptMessage]
     tokens: int
@@ -85,26 +88,31 @@ class Prepared(CarrierMessage):
     blocking: bool = False
 
 
+@record
 class Compact(CarrierMessage):
     messages: list[TranscriptMessage]
     config: ContextConfig
     trigger: Literal["auto", "reactive"]
 
 
+@record
 class Compacted(CarrierMessage):
     messages: list[TranscriptMessage]
     pre_tokens: int
 
 
+@record
 class StageCollapse(CarrierMessage):
     messages: list[TranscriptMessage]
     config: ContextConfig
 
 
+@record
 class DrainCollapses(CarrierMessage):
     messages: list[TranscriptMessage]
 
 
+@record
 class Drained(CarrierMessage):
     messages: list[TranscriptMessage]
     committed: int

@@ -33,7 +33,7 @@ import trio
 from queryloop.actors.tool_executor import AddTool, BeginTurn
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.kernel.messages import CarrierMessage, Message
+from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
 from queryloop.runtime.loop.events import AssistantMessage, StreamEvent, SystemMessage, Usage, api_error_message
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
@@ -80,10 +80,12 @@ class CallProgress:
         return usage if self.delta_usage is None else usage_from(self.delta_usage, usage)
 
 
+@record
 class ConsumerGone(Message):
     """Sent to the turn channel: the query's consumer stopped listening (the loop takes it as the user's abort)."""
 
 
+@record
 class StartCall(CarrierMessage):
     request: ModelRequest
     sink: EventChannel[Any]
@@ -98,6 +100,7 @@ class StartCall(CarrierMessage):
     """Persistent overload (retries exhausted on 529s) then asks for the fallback model, as the reference does."""
 
 
+@record
 class CallEnded(CarrierMessage):
     """The last item a call sends to the turn channel."""
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from queryloop.actors.budget_guard import RecordUsage
 from queryloop.runtime.kernel.actor import TrioActor
-from queryloop.runtime.kernel.messages import Message
+from queryloop.runtime.kernel.messages import Message, record
 from queryloop.runtime.loop.events import Block
 from queryloop.runtime.loop.model import ModelProvider, ModelRequest
 from queryloop.runtime.loop.stream import complete_text
@@ -30,6 +30,7 @@ SUMMARY_PROMPT = (
 RESULT_PREVIEW_CHARS = 300
 
 
+@record
 class Summarize(Message):
     model: str
     tool_uses: list[Block]

@@ -26,21 +26,22 @@ message for a hook that raised (the other hooks run on as if it had passed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import trio
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.kernel.messages import CarrierMessage, Message
+from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
 from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput, hook_error_message
 from queryloop.runtime.loop.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
 
+@record
 class BeginTurn(CarrierMessage):
     """One model call's tool setting: results go to `sink`. It travels with each `AddTool`: a call
     without tools never wakes the executor, and the first tool of a new call discards the old call's."""
@@ -48,9 +49,10 @@ class BeginTurn(CarrierMessage):
     sink: EventChannel[Any]
     tools: dict[str, Tool]
     can_use_tool: CanUseTool | None = None
-    post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
+    post_tool_use_hooks: list[PostToolUseHook] = field(default_factory=list)
 
 
+@record
 class AddTool(CarrierMessage):
     """A `tool_use` block completed in the stream (or was cut off: `input_error` says why)."""
 
@@ -59,16 +61,18 @@ class AddTool(CarrierMessage):
     input_error: str | None = None
 
 
+@record
 class Discard(Message):
     """Fallback: the response is retracted; cancel its tools and drop their results."""
 
 
+@record
 class ToolResult(Message):
     """A tool's answer, sent to the turn channel."""
 
     tool_use_id: str
     message: UserMessage
-    hook_messages: list[AttachmentMessage | SystemMessage] = Field(default_factory=list)
+    hook_messages: list[AttachmentMessage | SystemMessage] = field(default_factory=list)
     """What its PostToolUse hooks produced, in order: `hook_stopped_continuation` attachments and
     `hook_error` system messages; emitted after `message`."""
     prevent_continuation: bool = False

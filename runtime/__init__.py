@@ -4,7 +4,7 @@
 - `_records`: `record`, the frozen slotted dataclass that events and actor messages are made of (built
   without validation; pydantic validates them where data enters); imports nothing of ours.
 - `kernel`: pykka actors scheduled as trio tasks, their inboxes, futures, supervisors and event
-  channels. It knows nothing of agent loops: it imports only `errors`.
+  channels. It knows nothing of agent loops: it imports only `errors` and `_records`.
 - `loop`: what one Claude-Code loop is made of and the pure rules it follows: its events, state and
   continue/terminal decisions, context management, the token budget, the transcript, and the contracts
   it holds with the outside (the model provider protocol, tools, hooks, options). Imports `errors` and `_records`.

@@ -7,7 +7,7 @@ from typing import Any
 import trio
 
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.kernel.messages import AbortReason, CarrierMessage, Message
+from queryloop.runtime.kernel.messages import AbortReason, CarrierMessage, Message, record
 from queryloop.runtime.loop.events import UserMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import ContinueReason, Terminal
@@ -43,6 +43,7 @@ class QueryControl:
         return True
 
 
+@record
 class RunQuery(CarrierMessage):
     prompt: UserMessage
     options: QueryOptions
@@ -50,16 +51,19 @@ class RunQuery(CarrierMessage):
     control: QueryControl
 
 
+@record
 class GetConversation(Message):
     """Answered with a copy of the session's conversation."""
 
 
+@record
 class Refused(Message):
     """Sent instead of any event when a query cannot start (another one is running)."""
 
     reason: str
 
 
+@record
 class Settled(Message):
     """Sent to the query's channel just before `result`: how the query ended (the handle keeps it)."""
 

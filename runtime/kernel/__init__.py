@@ -4,5 +4,6 @@ event channels that carry a query's events.
 
 Owns: `TrioActor` (`actor`), its priority inbox and dispatcher (`_inbox`), `TrioFuture` (`_future`),
 `Supervisor` (`supervisor`), the kernel's messages (`messages`) and `EventChannel` (`flow`).
-Imports only `queryloop.runtime.errors`: the kernel knows nothing of agent loops.
+Imports only `queryloop.runtime.errors` and `queryloop.runtime._records`: the kernel knows nothing of agent
+loops.
 """

@@ -1,9 +1,12 @@
 """Messages every actor understands, whatever its role.
 
-Messages between actors are frozen pydantic models: validated once when they
-are built (at the boundary), never copied on the way. A `SupervisorMessage`
-travels in the priority lane of an actor's inbox, ahead of every ordinary
-message already queued.
+Messages between actors are frozen records (`queryloop.runtime._records.record`: slotted dataclasses
+whose `__init__` only stores): actors build them from data already checked, so nothing is validated or
+copied on the way. Declare one as a dataclass: `@record class Ping(Message): n: int`.
+
+A `SupervisorMessage` travels in the priority lane of an actor's inbox, ahead of every ordinary
+message already queued. It is the one kind that comes from outside the actors (a host's
+`session.abort(reason)`), so it stays a frozen pydantic model, validated when it is built.
 """
 
 from __future__ import annotations
@@ -11,6 +14,19 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from queryloop.runtime._records import record
+
+__all__ = [
+    "Abort",
+    "AbortAck",
+    "AbortReason",
+    "CarrierMessage",
+    "Message",
+    "Shutdown",
+    "SupervisorMessage",
+    "record",
+]
 
 AbortReason = Literal["user", "interrupt", "crash", "shutdown"]
 """Why a session is aborted.
@@ -21,21 +37,25 @@ user message submitted while tools ran (seed 000: no interruption message);
 """
 
 
-class Message(BaseModel):
-    """Base of every message exchanged between actors: frozen, strict fields."""
+class Message:
+    """Base of every message exchanged between actors: its subclasses are `@record`s (frozen, not validated)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    __slots__ = ()
 
 
 class CarrierMessage(Message):
-    """A message that carries runtime objects (channels, callables, actor refs, exceptions, other messages):
-    such fields are checked with `isinstance`, not validated."""
+    """A message that carries runtime objects (channels, callables, actor refs, exceptions, other messages).
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    Like every record it is not validated: the name only says what the message holds."""
+
+    __slots__ = ()
 
 
-class SupervisorMessage(Message):
-    """A message of the supervision protocol: delivered before ordinary mail."""
+class SupervisorMessage(Message, BaseModel):
+    """A message of the supervision protocol: delivered before ordinary mail. A frozen pydantic model,
+    validated when built: a host's abort reason enters here."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Abort(SupervisorMessage):
@@ -48,6 +68,7 @@ class Shutdown(SupervisorMessage):
     """Stop now: cancel all work; once it has unwound the actor stops (`on_stop` runs). Sent by `Supervisor.close()`."""
 
 
+@record
 class AbortAck(Message):
     """An actor's answer to `Abort`, sent once its cancelled work has unwound."""
 
