@@ -144,6 +144,8 @@ class Session:
         if self.supervisor.closed:
             msg = f"session {self.id} is closed"
             raise SessionClosed(msg)
+        # The host's input, validated (and copied) before anything changes: a bad prompt interrupts nothing.
+        prompt_message = UserMessage.model_validate({"content": prompt})
         running = self._control
         if running is not None and not running.finished and not running.decided and running.abort_reason is None:
             # A message submitted while a query runs interrupts it (seed 000: no interruption
@@ -154,7 +156,6 @@ class Session:
         control = QueryControl()
         handle = QueryHandle(self, events, control)
         self._control, self._current_events = control, events
-        prompt_message = UserMessage.model_validate({"content": prompt})  # the host's input: validated (and copied)
         self._loop.tell(RunQuery(prompt=prompt_message, options=options, sink=events, control=control))
         return handle
 
