@@ -106,6 +106,7 @@ def test_model_dump_is_a_new_tree_and_model_validate_reads_it_back() -> None:
     assert pydantic.TypeAdapter(QueryEvent).validate_json(result.model_dump_json()) == result
     assert message.model_copy(update={"content": []}).content == []
     assert message.model_copy(update={"content": []}).uuid == message.uuid
+    assert Usage.model_construct(input_tokens=2) == Usage(input_tokens=2)
 
 
 def test_validation_refuses_what_the_models_refused() -> None:

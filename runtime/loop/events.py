@@ -89,6 +89,11 @@ class Model:
         return validated
 
     @classmethod
+    def model_construct(cls, **values: Any) -> Self:
+        """The class itself: a record's `__init__` never validates (kept for code written against pydantic)."""
+        return cls(**values)
+
+    @classmethod
     def model_json_schema(cls, **options: Any) -> dict[str, Any]:
         return _adapter(cls).json_schema(**options)
 
