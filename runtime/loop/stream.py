@@ -47,7 +47,12 @@ class ResponseAssembler:
     model: str = ""
     stop_reason: str | None = None
     stopped: bool = False
-    usage: Usage = field(default_factory=Usage)
+    _input_tokens: int = 0
+    _output_tokens: int = 0
+    _cache_creation_input_tokens: int = 0
+    _cache_read_input_tokens: int = 0
+    """The usage counts as the stream reports them: plain ints, a `Usage` is made only when `usage` is read."""
+    _usage: Usage | None = field(default=None, compare=False)
     _open: dict[int, Block] = field(default_factory=dict)
     _json: dict[int, list[str]] = field(default_factory=dict)
     _pieces: dict[int, list[str]] = field(default_factory=dict)
@@ -70,13 +75,36 @@ class ResponseAssembler:
             message = event["message"]
             self.message_id = message.get("id", "")
             self.model = message.get("model", "")
-            self.usage = usage_from(message.get("usage") or {}, Usage())
+            self._input_tokens = self._output_tokens = 0
+            self._cache_creation_input_tokens = self._cache_read_input_tokens = 0
+            self._count(message.get("usage") or {})
         elif kind == "message_delta":
             self.stop_reason = (event.get("delta") or {}).get("stop_reason", self.stop_reason)
-            self.usage = usage_from(event.get("usage") or {}, self.usage)
+            self._count(event.get("usage") or {})
         elif kind == "message_stop":
             self.stopped = True
         return None
+
+    @property
+    def usage(self) -> Usage:
+        """The usage reported so far (one `Usage` per change of the counts, shared by the blocks read meanwhile)."""
+        usage = self._usage
+        if usage is None:
+            usage = self._usage = Usage(
+                input_tokens=self._input_tokens,
+                output_tokens=self._output_tokens,
+                cache_creation_input_tokens=self._cache_creation_input_tokens,
+                cache_read_input_tokens=self._cache_read_input_tokens,
+            )
+        return usage
+
+    def _count(self, raw: dict[str, Any]) -> None:
+        # As `usage_from`: a non-zero count replaces the one before it, a zero leaves it.
+        self._input_tokens = raw.get("input_tokens") or self._input_tokens
+        self._output_tokens = raw.get("output_tokens") or self._output_tokens
+        self._cache_creation_input_tokens = raw.get("cache_creation_input_tokens") or self._cache_creation_input_tokens
+        self._cache_read_input_tokens = raw.get("cache_read_input_tokens") or self._cache_read_input_tokens
+        self._usage = None
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
         block = self._open.get(index)
