@@ -71,11 +71,11 @@ class Model:
 
     def model_dump(self, *, mode: Literal["json", "python"] = "python", **options: Any) -> dict[str, Any]:
         """A new dict of the fields, nested records and containers included: what pydantic's `model_dump` gave."""
-        dumped: dict[str, Any] = _adapter(type(self)).dump_python(self, mode=mode, **options)
+        dumped: dict[str, Any] = _adapter(type(self)).serializer.to_python(self, mode=mode, **options)
         return dumped
 
     def model_dump_json(self, **options: Any) -> str:
-        return _adapter(type(self)).dump_json(self, **options).decode()
+        return _adapter(type(self)).serializer.to_json(self, **options).decode()
 
     @classmethod
     def model_validate(cls, obj: Any, **options: Any) -> Self:
