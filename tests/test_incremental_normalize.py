@@ -18,6 +18,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from queryloop import Runtime
 from queryloop.runtime.loop import transcript
 from queryloop.runtime.loop.events import (
     AssistantMessage,
@@ -27,7 +28,14 @@ from queryloop.runtime.loop.events import (
     TranscriptMessage,
     UserMessage,
 )
-from queryloop.runtime.loop.transcript import IncrementalNormalizer, normalize_messages_for_api, strip_signature_blocks
+from queryloop.runtime.loop.transcript import (
+    IncrementalNormalizer,
+    normalize_messages_for_api,
+    strip_signature_blocks,
+    user_context_message,
+)
+from tests.helpers import assert_settled, run_query, scripted_tool, text_reply, tools_reply
+from tests.helpers import tool_use as scripted_use
 
 # -- conversations ------------------------------------------------------------------------------
 
@@ -304,3 +312,33 @@ def test_a_retracted_message_normalizes_everything_again(per_message_calls: Coun
     assert per_message_calls.calls == len(history)
     assert normalizer.restarts == 1
     assert answer == normalize_messages_for_api(history)
+
+
+# -- in the loop --------------------------------------------------------------------------------
+
+
+async def test_a_long_query_normalizes_each_message_a_bounded_number_of_times(per_message_calls: Counter) -> None:
+    """40 tool turns: each request normalises its new messages and the previous turn's, never the whole history
+    (the user context's message heads each request as the same object); each request is the whole normalisation."""
+    turns = 40
+    replies = [tools_reply(scripted_use(f"t{n}", "read"), text=f"step {n}") for n in range(turns)]
+    context = {"cwd": "/repo"}
+    async with Runtime.open() as runtime:
+        ran = await run_query(
+            runtime,
+            [*replies, text_reply("Done.")],
+            tools=[scripted_tool("read", result="file text", safe=True)],
+            user_context=context,
+        )
+        calls = per_message_calls.calls
+        conversation = await ran.session.transcript()
+        await assert_settled(ran)
+    assert ran.reason == "completed" and len(ran.model.requests) == turns + 1
+    # Per turn: an assistant text, its tool_use and the result (3 messages), each normalised at most twice.
+    context_message = user_context_message(context)
+    assert context_message is not None
+    sent = [context_message, *conversation]
+    assert calls <= 2 * len(sent)  # the whole normalisation at every request: about turns * len(sent) / 2
+    for number, request in enumerate(ran.model.requests):
+        history = sent[: 2 + 3 * number]  # the context, the prompt, then three messages a turn
+        assert request.messages == normalize_messages_for_api(history)
