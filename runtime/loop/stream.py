@@ -32,6 +32,7 @@ STREAMED_FIELD: dict[str, str] = {"text_delta": "text", "thinking_delta": "think
 """The deltas that extend a block's string, and which field they extend (a compaction's summary, the server's,
 must be sent back intact: it is joined like a text)."""
 
+
 @dataclass(slots=True)
 class CompletedBlock:
     index: int
