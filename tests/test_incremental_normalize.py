@@ -144,8 +144,19 @@ def clear_results() -> Rewrite:
     return rewrite
 
 
+def retype_last_assistant(message: TranscriptMessage) -> Rewrite:
+    """The last assistant message replaced (the normaliser's checkpoint is at the last that opens a response)."""
+
+    def rewrite(history: list[TranscriptMessage]) -> list[TranscriptMessage]:
+        found = [i for i, m in enumerate(history) if isinstance(m, AssistantMessage)]
+        return replace(found[-1], message)(history) if found else history
+
+    return rewrite
+
+
 rewrites = st.one_of(
     st.builds(replace, st.integers(0, 99), messages),
+    st.builds(retype_last_assistant, messages),
     st.builds(equal_copy, st.integers(0, 99)),
     st.builds(remove, st.integers(0, 99)),
     st.builds(compact, st.integers(0, 4)),
@@ -175,7 +186,7 @@ def grow(history: list[TranscriptMessage], step: Step) -> list[TranscriptMessage
 # -- the property -------------------------------------------------------------------------------
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(steps)
 @example(  # an orphan-only user message between two responses without tool uses: the halves meet on one role
     [
@@ -184,6 +195,13 @@ def grow(history: list[TranscriptMessage], step: Step) -> list[TranscriptMessage
         [user(tool_result("t2")), assistant(text("c")), UserMessage(content="more")],
         [assistant(tool_use("t1"))],
         [user(tool_result("t1")), assistant(), UserMessage(content="after an empty response")],
+    ]
+)
+@example(  # the message at the checkpoint replaced by a user message: the results now answer the first response
+    [
+        [UserMessage(content=""), UserMessage(content=""), assistant(tool_use("t1")), UserMessage(content="")],
+        [assistant(text("")), user(tool_result("t1"))],
+        replace(4, UserMessage(content="")),
     ]
 )
 @example(  # a response split by invisible messages, then answered

@@ -248,70 +248,72 @@ class IncrementalNormalizer:
     """`normalize_messages_for_api` for a conversation that grows between calls, normalising only what is new.
 
     It returns exactly what `normalize_messages_for_api(messages)` returns, but each call puts through
-    the per-message normalisation only the messages since its last *checkpoint*, and the checkpoint
+    the per-message normalisation only the messages from its last *checkpoint* on, and the checkpoint
     moves forward as the conversation grows.
 
-    A checkpoint is the index of a message that opens a run of assistant messages: an assistant message
-    that is sent, whose previous sent message is a user message, or that has none (system messages,
-    API-error messages and the attachments the model does not see are not sent). Such an index cuts the
-    normalisation into two independent halves: merging never joins across it (the roles differ); a user
-    message's pairing looks only at the assistant message just before it (on its own side), and an
-    assistant message's only at whether anything follows it (something does, on its own side); the last
-    step, re-alternation once empty messages are dropped, is a left fold whose only state is the last
+    A checkpoint is the index of an *opener*: an assistant message that is sent and whose previous sent
+    message is a user message, or that has none (system messages, API-error messages and the attachments
+    the model does not see are not sent). An opener cuts the normalisation into two independent halves:
+    merging never joins across it (the roles differ); a user message's pairing looks only at the
+    assistant message just before it (on its own side), and an assistant message's only at whether
+    anything follows it (something does, on its own side: the first half ends with a user message); the
+    last step, re-alternation once empty messages are dropped, is a left fold whose only state is the last
     message it made. So the normalisation of `m` is that of `m[:c]` followed by that of `m[c:]`, except
-    that where the two meet on one role their two messages are one (`_join_into`). Appending to `m`
-    never moves nor removes a checkpoint: what precedes it cannot change.
+    that where the two meet on one role their two messages are one (`_join_into`). Appending to `m` never
+    makes an opener stop being one: that depends only on the opener and what precedes it.
 
-    State: `_prefix`, a copy of the messages before the checkpoint, and `_frozen`, their normalisation.
+    State: `_kept`, a copy of the messages up to the opener at the checkpoint, the opener included (empty
+    while there is no checkpoint past 0), and `_frozen`, the normalisation of the messages before it.
 
-    Invariant: `_frozen == normalize_messages_for_api(_prefix)`, and no dict of `_frozen` is changed once
-    built (a join makes a new one), so the requests built earlier keep the messages they were given.
+    Invariant: `_frozen == normalize_messages_for_api(_kept[:-1])` and `_kept[-1]` is an opener in
+    `_kept`; no dict of `_frozen` is changed once built (a join makes a new one), so the requests built
+    earlier keep the messages they were given.
 
-    A call whose `messages` does not begin with `_prefix` starts again from nothing (`restarts`): a
-    compaction replaced the history, a fallback stripped thinking blocks, a tombstone retracted a
-    message, microcompact or a collapse rewrote an older one. The comparison is by list equality, which
-    CPython makes identity first per element (pointer compares, about 3 ns a message); two distinct
-    messages are equal only if all their fields are, and then they normalise the same, so equality is as
-    sound as identity. Otherwise the call normalises `messages[len(_prefix):]` in two pieces cut at its
-    last checkpoint, joins the first onto `_frozen` (the checkpoint moves there) and returns a new list:
-    `_frozen` joined with the second.
+    A call whose `messages` does not begin with `_kept` starts again from nothing (`restarts`): a
+    compaction replaced the history, a fallback stripped thinking blocks, a tombstone retracted a message,
+    microcompact or a collapse rewrote an older one, or the opener itself was replaced. The comparison is
+    list equality, which CPython makes identity first per element (pointer compares, a few ns a message);
+    two distinct messages are equal only if all their fields are, and then they normalise the same, so
+    equality is as sound as identity. Otherwise the call normalises `messages` from the opener on, in two
+    pieces cut at their last opener, joins the first onto `_frozen` (the checkpoint moves to that opener)
+    and returns a new list: `_frozen` joined with the second.
 
-    Cost of a call: the per-message normalisation of what was appended plus what followed the previous
-    checkpoint (in the loop, the last response and its tool results), and O(n) pointer work for the
-    comparison and the returned list.
+    Cost of a call: the per-message normalisation of what was appended plus what it follows since the
+    previous checkpoint (in the loop, the last response and its tool results), and O(n) pointer work for
+    the comparison and the returned list.
     """
 
-    __slots__ = ("_frozen", "_prefix", "restarts")
+    __slots__ = ("_frozen", "_kept", "restarts")
 
     def __init__(self) -> None:
-        self._prefix: list[TranscriptMessage] = []
+        self._kept: list[TranscriptMessage] = []
         self._frozen: list[dict[str, Any]] = []
         self.restarts = 0
-        """Calls that found the prefix changed and normalised every message again."""
+        """Calls that found the history before the checkpoint changed, and normalised every message again."""
 
     def normalize(self, messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
         """`normalize_messages_for_api(messages)`, a new list (its dicts may be shared with earlier results)."""
-        prefix = self._prefix
-        start = len(prefix)
-        if start and (len(messages) < start or messages[:start] != prefix):
-            self._prefix, self._frozen = [], []
-            prefix, start = self._prefix, 0
+        kept = self._kept
+        if kept and (len(messages) < len(kept) or messages[: len(kept)] != kept):
+            self._kept, self._frozen = [], []
+            kept = self._kept
             self.restarts += 1
+        start = len(kept) - 1 if kept else 0
         window = messages[start:]
         parts = [_api_blocks(m) for m in window]
         cut = _last_checkpoint(parts)
         if cut:
             _join_into(self._frozen, _pair(_merge_parts(parts[:cut])))
-            prefix.extend(window[:cut])
+            kept[start:] = window[: cut + 1]
         out = list(self._frozen)
         _join_into(out, _pair(_merge_parts(parts[cut:])))
         return out
 
 
 def _last_checkpoint(parts: list[_Part]) -> int:
-    """The index of the last part that opens a run of assistant parts (`IncrementalNormalizer`), else 0.
+    """The index of the last opener's part (`IncrementalNormalizer`), else 0.
 
-    The window's first sent part is one if it is an assistant's: the window starts at a checkpoint or at 0.
+    The window's first sent part is an opener if it is an assistant's: the window starts at an opener or at 0.
     """
     checkpoint = 0
     previous: str | None = None
