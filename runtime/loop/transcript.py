@@ -299,14 +299,19 @@ class IncrementalNormalizer:
             kept = self._kept
             self.restarts += 1
         start = len(kept) - 1 if kept else 0
-        window = messages[start:]
+        window = messages[start:] if start else messages
         parts = [_api_blocks(m) for m in window]
         cut = _last_checkpoint(parts)
+        frozen = self._frozen
         if cut:
-            _join_into(self._frozen, _pair(_merge_parts(parts[:cut])))
+            _join_into(frozen, _pair(_merge_parts(parts[:cut])))
             kept[start:] = window[: cut + 1]
-        out = list(self._frozen)
-        _join_into(out, _pair(_merge_parts(parts[cut:])))
+            del parts[:cut]
+        rest = _pair(_merge_parts(parts))
+        if not frozen:
+            return rest
+        out = list(frozen)
+        _join_into(out, rest)
         return out
 
 
