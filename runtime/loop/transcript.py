@@ -278,9 +278,11 @@ class IncrementalNormalizer:
     pieces cut at their last opener, joins the first onto `_frozen` (the checkpoint moves to that opener)
     and returns a new list: `_frozen` joined with the second.
 
-    Cost of a call: the per-message normalisation of what was appended plus what it follows since the
-    previous checkpoint (in the loop, the last response and its tool results), and O(n) pointer work for
-    the comparison and the returned list.
+    Cost of a call: the per-message normalisation of what was appended since the previous call and of
+    what that call had after its last opener (in the loop: the last response, its tool results and
+    attachments), and O(n) pointer work for the comparison and the returned list. A restart costs what
+    `normalize_messages_for_api` does. Warnings about repaired results are logged when their messages
+    are normalised, so once or twice, not at every request.
     """
 
     __slots__ = ("_frozen", "_kept", "restarts")
