@@ -24,6 +24,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import ContinueReason, Terminal
+from queryloop.runtime.loop.transcript import IncrementalNormalizer, user_context_message
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -99,6 +100,14 @@ class Run:
     memory_used: bool = False
     hook_errors: list[str] = field(default_factory=list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own."""
+    normalizer: IncrementalNormalizer = field(default_factory=IncrementalNormalizer)
+    """Each request's `messages`: the previous request's, and only what is new normalised (`_request`)."""
+    context_message: UserMessage | None = field(init=False)
+    """The user context's message, made once: the same object heads every request's messages, so that
+    `normalizer` finds them unchanged."""
+
+    def __post_init__(self) -> None:
+        self.context_message = user_context_message(self.options.user_context)
 
     def abort(self, reason: AbortReason) -> None:
         self.control.request_abort(reason)

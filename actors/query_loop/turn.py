@@ -41,7 +41,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.model import ModelError, ModelRequest
 from queryloop.runtime.loop.state import State
-from queryloop.runtime.loop.transcript import normalize_messages_for_api, strip_signature_blocks, user_context_message
+from queryloop.runtime.loop.transcript import strip_signature_blocks
 
 if TYPE_CHECKING:
     from pykka import ActorRef
@@ -138,17 +138,15 @@ class QueryLoopTurns(TrioActor):
         return turn
 
     def _request(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
-        messages = messages_for_query
-        context = user_context_message(run.options.user_context)
-        if context is not None:
-            messages = [context, *messages]
+        context = run.context_message
+        messages = messages_for_query if context is None else [context, *messages_for_query]
         # Built from parts that are already valid: validating would copy every message dict again.
         # (For small models validation is the cheaper path: pydantic-core's __init__ costs about half
         # of the pure-Python model_construct. Only lists of dicts or messages are worth skipping.)
         return ModelRequest.model_construct(
             model=run.model,
             system=run.system,
-            messages=normalize_messages_for_api(messages),
+            messages=run.normalizer.normalize(messages),  # only what is new since the last call (its docstring)
             tools=run.tool_schemas,
             max_tokens=state.max_output_tokens_override or run.options.max_output_tokens,
             thinking=run.options.thinking,
