@@ -48,6 +48,7 @@ from queryloop.runtime.loop.stream import ResponseAssembler
 from queryloop.runtime.providers.scripted import TEXT_CHUNK, ScriptedReply, ScriptedUsage, reply_events
 
 PROMPT = "Write the long answer."
+MAX_ROUNDS = 20
 MODEL = "claude-sonnet-5-5"
 WORDS = "the quick brown fox jumps over the lazy dog, then writes it all down again. "
 
@@ -56,7 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deltas", default="400,6400,25600", help="text deltas per reply, a list")
     parser.add_argument("--sessions", default="1,100", help="sessions streaming at once, a list")
     parser.add_argument("--modes", default="paced,burst", help="paced (a checkpoint per event), burst, or both")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell; the best of each side")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per cell, at least; the best counts")
+    parser.add_argument(
+        "--min-events",
+        type=int,
+        default=200_000,
+        help=f"more rounds (up to {MAX_ROUNDS}) for a small cell, until its rounds stream this many events in all"
+        " (0: --rounds everywhere)",
+    )
     parser.add_argument(
         "--no-tune-gc",
         dest="tune_gc",
@@ -113,6 +121,8 @@ class Side:
 
     walls: list[float] = field(default_factory=list)
     """Seconds of each round's timed phase."""
+    cpus: list[float] = field(default_factory=list)
+    """CPU seconds of each round's timed phase."""
     meter: GcMeter = field(default_factory=GcMeter)
     open_close: list[float] = field(default_factory=list)
     """Runtime side: seconds per session to open and close it, each round (outside the timed phase)."""
@@ -144,11 +154,12 @@ async def runtime_round(
         opening = time.perf_counter() - began
         with side.meter, profile.on():
             side.meter.note_thresholds()
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             async with trio.open_nursery() as nursery:
                 for session in opened:
                     nursery.start_soon(consume, session)
             side.walls.append(time.perf_counter() - began)
+            side.cpus.append(time.process_time() - cpu)
         began = time.perf_counter()
         for session in opened:
             await session.close()
@@ -172,11 +183,12 @@ async def baseline_round(events: list[dict[str, Any]], sessions: int, *, paced: 
         seen.append(count)
 
     with side.meter:
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         async with trio.open_nursery() as nursery:
             for _ in range(sessions):
                 nursery.start_soon(consume)
         side.walls.append(time.perf_counter() - began)
+        side.cpus.append(time.process_time() - cpu)
     if seen != [len(events) + 1] * sessions:  # every raw event, and the one completed block
         msg = f"the baseline yielded {sorted(set(seen))} items per reply, not {len(events) + 1}"
         raise RuntimeError(msg)
@@ -185,11 +197,11 @@ async def baseline_round(events: list[dict[str, Any]], sessions: int, *, paced: 
 def cell_figures(sessions: int, deltas: int, mode: str, ours: Side, base: Side) -> dict[str, Any]:
     events = sessions * (deltas + 5)
     us, base_us = min(ours.walls) / events * 1e6, min(base.walls) / events * 1e6
-    rounds = len(ours.walls)
+    cpu_us, base_cpu_us = min(ours.cpus) / events * 1e6, min(base.cpus) / events * 1e6
     print(
-        f"  {sessions:>4} sessions x {deltas:>6} deltas, {mode:5}: runtime {us:7.2f} us/event"
-        f" ({1e6 / us:9.0f}/s, cpu {ours.meter.cpu / rounds / events * 1e6:6.2f} us, gc {ours.meter.gc_share:5.1%});"
-        f" baseline {base_us:6.2f} us/event ({1e6 / base_us:9.0f}/s); ratio {base_us / us:.2f}"
+        f"  {sessions:>4} sessions x {deltas:>6} deltas, {mode:5} ({len(ours.walls):>2} rounds):"
+        f" runtime {us:6.2f} us/event ({1e6 / us:7.0f}/s; cpu {cpu_us:5.2f} us, gc {ours.meter.gc_share:5.1%}),"
+        f" baseline {base_us:5.2f} us ({1e6 / base_us:7.0f}/s; cpu {base_cpu_us:5.2f} us); ratio {base_us / us:.2f}"
     )
     return {
         "sessions": sessions,
@@ -200,14 +212,21 @@ def cell_figures(sessions: int, deltas: int, mode: str, ours: Side, base: Side) 
         "baseline_us_per_event": round(base_us, 3),
         "baseline_events_per_s": round(1e6 / base_us),
         "throughput_ratio": round(base_us / us, 3),
-        "cpu_us_per_event": round(ours.meter.cpu / rounds / events * 1e6, 3),
-        "baseline_cpu_us_per_event": round(base.meter.cpu / rounds / events * 1e6, 3),
+        "cpu_us_per_event": round(cpu_us, 3),
+        "baseline_cpu_us_per_event": round(base_cpu_us, 3),
+        "cpu_ratio": round(base_cpu_us / cpu_us, 3),
         "gc_share": round(ours.meter.gc_share, 4),
         "baseline_gc_share": round(base.meter.gc_share, 4),
         "session_open_close_us": round(min(ours.open_close) * 1e6, 1),
         "rounds": [round(w, 4) for w in ours.walls],
         "baseline_rounds": [round(w, 4) for w in base.walls],
     }
+
+
+def cell_rounds(args: argparse.Namespace, sessions: int, deltas: int) -> int:
+    """`--rounds`, or more for a small cell (up to `MAX_ROUNDS`), so that its rounds stream `--min-events`."""
+    wanted = -(-args.min_events // (sessions * (deltas + 5)))
+    return max(args.rounds, min(MAX_ROUNDS, wanted))
 
 
 def _levels(text: str, name: str) -> list[int]:
@@ -232,12 +251,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     cells: dict[tuple[int, int, str], dict[str, Any]] = {}
     thresholds: list[int] = []
     grid = list(itertools.product(sessions, deltas, modes))
-    print(f"streaming: µs per raw event, best of {args.rounds} rounds (wall time, one thread)")
-    with progress(len(grid) * args.rounds, "stream cells") as advance:
+    print("streaming: µs per raw event, best round of each side (wall time and CPU time, one thread)")
+    with progress(sum(cell_rounds(args, s, n) for s, n, _ in grid), "stream rounds") as advance:
         for s, n, mode in grid:
             ours, base = Side(), Side()
             paced = mode == "paced"
-            for _ in range(args.rounds):
+            for _ in range(cell_rounds(args, s, n)):
                 gc.collect()
                 with gc_setting(args.tune_gc):
                     await baseline_round(replies[n], s, paced=paced, side=base)
@@ -257,11 +276,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         result[f"baseline_{mode}_events_per_s"] = cell["baseline_events_per_s"]
         result[f"{mode}_throughput_ratio"] = cell["throughput_ratio"]
         result[f"{mode}_cpu_us_per_event"] = cell["cpu_us_per_event"]
+        result[f"{mode}_events_per_cpu_s"] = round(1e6 / cell["cpu_us_per_event"])
+        result[f"baseline_{mode}_events_per_cpu_s"] = round(1e6 / cell["baseline_cpu_us_per_event"])
         result[f"{mode}_gc_share"] = cell["gc_share"]
     growth_mode = modes[0]
     first, last = cells[top, small, growth_mode], cells[top, large, growth_mode]
     result["per_event_growth"] = round(last["us_per_event"] / first["us_per_event"], 3)
     result["baseline_per_event_growth"] = round(last["baseline_us_per_event"] / first["baseline_us_per_event"], 3)
+    result["per_event_growth_cpu"] = round(last["cpu_us_per_event"] / first["cpu_us_per_event"], 3)
     result["growth_deltas"] = [small, large]
     result["growth_mode"] = growth_mode
     print(

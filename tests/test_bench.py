@@ -68,10 +68,11 @@ def test_bench_abort_runs_both_pairs_without_violations(capsys: pytest.CaptureFi
 
 def test_bench_stream_reports_events_per_second_and_growth(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     profile = tmp_path / "stream.prof"
-    argv = ["stream", "--deltas", "10,40", "--sessions", "1,3", "--rounds", "1", "--profile", str(profile)]
-    result = _run(capsys, *argv)
+    cells = ["--deltas", "10,40", "--sessions", "1,3", "--rounds", "1", "--min-events", "0"]
+    result = _run(capsys, "stream", *cells, "--profile", str(profile))
     assert result["sessions"] == 3 and result["deltas"] == 10
-    for name in ("paced_events_per_s", "burst_events_per_s", "baseline_paced_events_per_s", "per_event_growth"):
+    for name in ("paced_events_per_s", "burst_events_per_s", "baseline_paced_events_per_s", "paced_events_per_cpu_s"):
         assert result[name] > 0, name
+    assert result["per_event_growth"] > 0 and result["growth_deltas"] == [10, 40]
     assert len(result["cells"]) == 8
     assert pstats.Stats(str(profile)).get_stats_profile().func_profiles  # a profile pstats opens
