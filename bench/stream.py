@@ -225,8 +225,9 @@ def cell_figures(sessions: int, deltas: int, mode: str, ours: Side, base: Side) 
 
 def cell_rounds(args: argparse.Namespace, sessions: int, deltas: int) -> int:
     """`--rounds`, or more for a small cell (up to `MAX_ROUNDS`), so that its rounds stream `--min-events`."""
-    wanted = -(-args.min_events // (sessions * (deltas + 5)))
-    return max(args.rounds, min(MAX_ROUNDS, wanted))
+    wanted: int = -(-args.min_events // (sessions * (deltas + 5)))
+    rounds: int = args.rounds
+    return max(rounds, min(MAX_ROUNDS, wanted))
 
 
 def _levels(text: str, name: str) -> list[int]:
