@@ -18,8 +18,11 @@ completed block), consumed the same way. Both sides run under the same collector
 core). Rounds alternate the two sides; the best of each counts. The JSON's headline figures are at
 the largest S and the smallest N (100 and 400 by default): `paced_events_per_s`,
 `burst_events_per_s`, their baseline's and `*_throughput_ratio` (runtime events/s over
-baseline's); `per_event_growth` = runtime µs per event at the largest N over at the smallest
-(largest S, paced), 1.0 for a cost linear in a reply's length; `cells` has every cell.
+baseline's), and the same on CPU time (`*_events_per_cpu_s`); `per_event_growth` = runtime CPU µs
+per event at the largest N over at the smallest (largest S, paced): 1.0 for a cost linear in a
+reply's length, below 1 as a query's fixed cost spreads over more events (`per_event_growth_wall`:
+the same on wall time, which other work on a shared machine stretches in the long cells); `cells`
+has every cell. A cell streaming fewer than `--min-events` events per round gets more rounds.
 """
 
 from __future__ import annotations
@@ -282,16 +285,20 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         result[f"{mode}_gc_share"] = cell["gc_share"]
     growth_mode = modes[0]
     first, last = cells[top, small, growth_mode], cells[top, large, growth_mode]
-    result["per_event_growth"] = round(last["us_per_event"] / first["us_per_event"], 3)
-    result["baseline_per_event_growth"] = round(last["baseline_us_per_event"] / first["baseline_us_per_event"], 3)
-    result["per_event_growth_cpu"] = round(last["cpu_us_per_event"] / first["cpu_us_per_event"], 3)
+    # Growth on CPU time: the big cells run for tens of seconds, long enough for other work on a shared
+    # machine to stretch their wall time (on an idle one the two agree: one thread, nothing blocks).
+    result["per_event_growth"] = round(last["cpu_us_per_event"] / first["cpu_us_per_event"], 3)
+    result["baseline_per_event_growth"] = round(
+        last["baseline_cpu_us_per_event"] / first["baseline_cpu_us_per_event"], 3
+    )
+    result["per_event_growth_wall"] = round(last["us_per_event"] / first["us_per_event"], 3)
     result["growth_deltas"] = [small, large]
     result["growth_mode"] = growth_mode
     print(
         f"  headline ({top} sessions, {small} deltas): "
         + ", ".join(f"{mode} {result[f'{mode}_events_per_s']:.0f} events/s" for mode in modes)
-        + f"; per_event_growth ({large} / {small} deltas, {growth_mode}) {result['per_event_growth']:.2f}"
-        f" (baseline {result['baseline_per_event_growth']:.2f})"
+        + f"; per_event_growth ({large} / {small} deltas, {growth_mode}, CPU) {result['per_event_growth']:.2f}"
+        f" (wall {result['per_event_growth_wall']:.2f}; baseline {result['baseline_per_event_growth']:.2f})"
     )
     return {**result, "cells": list(cells.values()), **profile.save()}
 
