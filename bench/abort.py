@@ -192,7 +192,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     with progress(2 * rounds * len(pairs), "abort rounds") as advance:
         for index in range(rounds):
             slots = moments(args, args.seed + index)
-            for pair in pairs:
+            for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
                 tuned = pair == "tuned"
                 gc.collect()
                 with gc_setting(tuned), meters[pair]["baseline"]:

@@ -144,8 +144,8 @@ async def measure_level(c: int, args: argparse.Namespace, profile: RuntimeProfil
     ours: dict[str, list[Round]] = {pair: [] for pair in pairs}
     base: dict[str, list[Round]] = {pair: [] for pair in pairs}
     meters = {pair: {"runtime": GcMeter(), "baseline": GcMeter()} for pair in pairs}
-    for _ in range(args.rounds):
-        for pair in pairs:
+    for index in range(args.rounds):
+        for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
             tuned = pair == "tuned"
             gc.collect()
             with gc_setting(tuned), meters[pair]["baseline"]:
