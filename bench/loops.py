@@ -13,7 +13,10 @@ the same thresholds): `throughput_ratio`; and untuned (both at Python's defaults
 Per side and pair, `gc.callbacks` measure the collector: `gc_share` (CPU in collections / CPU of
 the side's rounds), `tracked_per_loop` (GC-tracked objects allocated per loop, net, as the
 collector counts them), `cpu_us_per_loop`; the baseline's carry a `baseline_` prefix, the
-untuned pair's an `_untuned` suffix.
+untuned pair's an `_untuned` suffix. `cpu_ratio` = the baseline's CPU per loop over the runtime's,
+over all rounds: the throughput ratio of a CPU-bound host, steadier than the best rounds' wall time
+on a shared machine. An untimed census round of each side (the collector off) counts the tracked
+objects alive at once: `in_flight_per_loop`. The two pairs take turns going first in a round.
 """
 
 from __future__ import annotations
@@ -118,11 +121,13 @@ def pair_figures(c: int, pair: str, ours: list[Round], base: list[Round], meters
         f"  cpu {runtime.cpu / loops * 1e6:6.0f} us/loop  gc {runtime.gc_share:6.1%}"
         f"  tracked {runtime.tracked / loops:7.0f}/loop"
     )
-    print(f"    throughput_ratio (runtime / baseline): {ratio:.2f}")
+    cpu_ratio = baseline.cpu / runtime.cpu if runtime.cpu else 0.0
+    print(f"    throughput_ratio (runtime / baseline): {ratio:.2f}; cpu_ratio (baseline / runtime): {cpu_ratio:.2f}")
     figures: dict[str, Any] = {
         "loops_per_s": round(ours_rate, 1),
         "baseline_loops_per_s": round(base_rate, 1),
         "throughput_ratio": round(ratio, 3),
+        "cpu_ratio": round(cpu_ratio, 3),
         "p50_ms": round(percentile(best_ours[1], 0.5) * 1e3, 2),
         "p99_ms": round(percentile(best_ours[1], 0.99) * 1e3, 2),
         "baseline_p50_ms": round(percentile(best_base[1], 0.5) * 1e3, 2),
