@@ -31,7 +31,7 @@ from queryloop.runtime.loop.transcript import (
 )
 
 if TYPE_CHECKING:
-    from pykka import Future
+    from pykka import ActorRef, Future
 
     from queryloop.runtime.kernel._future import TrioFuture
 
@@ -108,18 +108,24 @@ class QueryLoopEnding(QueryLoopTurns):
         turn.pending.clear()
 
     async def _stop_workers(self) -> None:
-        """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it."""
+        """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it.
+
+        The ModelCaller's task for the query is told there are no more calls (it ends on its own
+        when it runs next: the stream's end waits for it, `_query`), and is aborted only if it is
+        still in a call."""
         for future in self._stop_workers_soon():
             await future
 
     def _stop_workers_soon(self) -> list[Future[Any]]:
         """Send `Abort` to every busy helper at once; the futures answer once each one's work has unwound."""
         stop = Abort(reason="user")
-        return [
-            worker.ask(stop, block=False)
-            for worker in (self.model_caller, self.executor, self.summarizer, self.compactor)
-            if cast("TrioActorRef[Any]", worker).busy()
-        ]
+        run = self._run
+        workers: list[ActorRef[Any]] = [self.executor, self.summarizer, self.compactor]
+        if run is None or run.calls.calling or run.calls.serving is None:
+            workers.append(self.model_caller)  # a call in flight (or work not of this query's feed)
+        if run is not None:
+            run.calls.close()  # no more calls in this query: the ModelCaller's task for it ends
+        return [worker.ask(stop, block=False) for worker in workers if cast("TrioActorRef[Any]", worker).busy()]
 
     def _settle(self, run: Run) -> TrioFuture[BudgetStatus]:
         """Ask the BudgetGuard for the query's totals, once (it records the `unsettled` calls then).

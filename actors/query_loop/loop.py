@@ -194,6 +194,7 @@ class QueryLoop(QueryLoopContext):
                     terminal, state = await self._run_loop(run, state)
                     # Disposed on every exit path, as the reference's `using` does.
                     prefetch.cancel_scope.cancel()
+            run.calls.close()  # no more model calls: the ModelCaller's task for this query ends when it runs
             run.control.decided = True
             if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
                 await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
@@ -206,7 +207,9 @@ class QueryLoop(QueryLoopContext):
             queued, self._queued = self._queued, None
             if queued is not None:
                 self._submit(queued)
-            run.sink.close()  # the last statement: when the consumer sees the end, this work is done
+            # The last statement: when the consumer sees the end, this work is done, and so is the
+            # ModelCaller's task for the query (the stream ends when it has, if it has not yet).
+            run.calls.close(then=run.sink.close)
 
     async def _run_loop(self, run: Run, state: State) -> tuple[Terminal, State]:
         try:

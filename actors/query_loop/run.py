@@ -9,7 +9,7 @@ import trio
 
 from queryloop.actors.budget_guard import BudgetStatus, RecordUsage
 from queryloop.actors.compactor import ContextConfig
-from queryloop.actors.model_caller import CallEnded, CallProgress
+from queryloop.actors.model_caller import CallEnded, CallFeed, CallProgress
 from queryloop.actors.query_loop.messages import QueryControl
 from queryloop.actors.tool_executor import ToolResult
 from queryloop.runtime.kernel.flow import EventChannel
@@ -71,6 +71,8 @@ class Run:
     tools: dict[str, Any]
     started: float
     context: ContextConfig
+    calls: CallFeed = field(default_factory=CallFeed)
+    """The query's model calls, to the ModelCaller's one task for this query."""
     transitions: list[ContinueReason] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     unsettled: list[RecordUsage] = field(default_factory=list)

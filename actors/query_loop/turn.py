@@ -113,17 +113,20 @@ class QueryLoopTurns(TrioActor):
             can_use_tool=options.can_use_tool,
             post_tool_use_hooks=options.post_tool_use_hooks,
         )
-        self.model_caller.tell(
-            StartCall(
-                request=self._request(run, state, messages_for_query),
-                sink=channel,
-                events=run.sink,
-                progress=turn.progress,
-                turn=turn_setting,
-                max_retries=options.max_retries,
-                fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
-            )
+        call = StartCall(
+            request=self._request(run, state, messages_for_query),
+            sink=channel,
+            events=run.sink,
+            progress=turn.progress,
+            turn=turn_setting,
+            max_retries=options.max_retries,
+            fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
+            feed=run.calls,
         )
+        if run.calls.accepting:
+            run.calls.feed(call)  # to the ModelCaller's task for this query: no message, no new task
+        else:
+            self.model_caller.tell(call)  # the query's first call (or the first since an abort cut its task)
         items = channel.items
         with self._phase(run):
             while not turn_done(turn) and run.terminal is None:
