@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BeginQuery
+from queryloop.actors.budget_guard import BeginQuery, BudgetLedger, BudgetStatus
 from queryloop.actors.compactor import ContextConfig, StageCollapse
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE
 from queryloop.actors.query_loop.context import QueryLoopContext
 from queryloop.actors.query_loop.messages import GetConversation, Refused, RunQuery
 from queryloop.actors.query_loop.run import BudgetExceeded, Run
+from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import ContextLimits, collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
@@ -50,15 +51,15 @@ from queryloop.runtime.loop.state import State, Terminal, next_turn, stop_hook_b
 from queryloop.runtime.loop.transcript import build_system_prompt, messages_after_compact_boundary
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import TracebackType
 
     from pykka import ActorRef
 
     from queryloop.actors.budget_guard import BudgetGuard
-    from queryloop.actors.compactor import Compactor
     from queryloop.actors.model_caller import ModelCaller
-    from queryloop.actors.summarizer import HaikuSummarizer
     from queryloop.actors.tool_executor import StreamingToolExecutor
+    from queryloop.runtime.loop.model import ModelProvider
     from queryloop.runtime.loop.persistence import TranscriptLog
 
 
@@ -72,21 +73,25 @@ class QueryLoop(QueryLoopContext):
         *,
         model_caller: ActorRef[ModelCaller],
         executor: ActorRef[StreamingToolExecutor],
-        budget_guard: ActorRef[BudgetGuard],
-        compactor: ActorRef[Compactor],
-        summarizer: ActorRef[HaikuSummarizer],
-        host_capped: bool = False,
+        compact_provider: ModelProvider,
+        summary_provider: ModelProvider,
+        session_dir: Path | None = None,
+        budget_guard: ActorRef[BudgetGuard] | None = None,
         conversation: list[TranscriptMessage] | None = None,
         transcript: TranscriptLog | None = None,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
         self.executor = executor
-        self.budget_guard = budget_guard
-        self.compactor = compactor
-        self.summarizer = summarizer
-        self.host_capped = host_capped
-        """A host-wide budget sits above this session: every call's cost must be checked."""
+        # A `budget_guard` (a host budget sits above the session: every call's cost must be reported) is
+        # asked by message; without one the loop accounts inline and the guard is spawned on first need.
+        self._budget_guard = budget_guard
+        self.ledger = BudgetLedger() if budget_guard is None else None
+        self._compactor = None
+        self._summarizer = None
+        self._compact_provider = compact_provider
+        self._summary_provider = summary_provider
+        self._session_dir = session_dir
         self.conversation: list[TranscriptMessage] = list(conversation or [])
         """Restored (resume) messages are in the log already: only what joins from now on is logged."""
         self.transcript = transcript
@@ -176,14 +181,23 @@ class QueryLoop(QueryLoopContext):
         run = self._run
         assert run is not None
         try:
-            self.budget_guard.tell(
-                BeginQuery(
-                    max_budget_usd=run.options.max_budget_usd,
-                    token_budget=run.options.token_budget,
-                    model=run.options.model,
-                    pricing=run.options.pricing,
+            options = run.options
+            if self.ledger is not None:
+                self.ledger.begin_query(
+                    max_budget_usd=options.max_budget_usd,
+                    token_budget=options.token_budget,
+                    model=options.model,
+                    pricing=options.pricing,
                 )
-            )
+            else:
+                self.budget_guard.tell(
+                    BeginQuery(
+                        max_budget_usd=options.max_budget_usd,
+                        token_budget=options.token_budget,
+                        model=options.model,
+                        pricing=options.pricing,
+                    )
+                )
             self._record(message.prompt)
             state = State(messages=list(self.conversation))
             if run.options.memory_prefetch is None:
@@ -198,9 +212,13 @@ class QueryLoop(QueryLoopContext):
             run.control.decided = True
             if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
                 await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
-                totals = await self._settle(run)
+                settled = self._settle(run)
+                totals = settled if isinstance(settled, BudgetStatus) else await settled
                 self._send_outcome(run, terminal, terminal.turn_count or state.turn_count, totals)
             await self._stop_workers()  # before the stream ends: then no task of the session runs
+        except SessionClosed:
+            # A helper could not be spawned: the session is closing, and its stop is cancelling this work.
+            pass
         finally:
             self._run = None
             run.control.ended.set()

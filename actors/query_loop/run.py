@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetStatus, RecordUsage
+from queryloop.actors.budget_guard import BudgetStatus
 from queryloop.actors.compactor import ContextConfig
 from queryloop.actors.model_caller import CallEnded, CallFeed, CallProgress
 from queryloop.actors.query_loop.messages import QueryControl
@@ -75,8 +75,8 @@ class Run:
     """The query's model calls, to the ModelCaller's one task for this query."""
     transitions: list[ContinueReason] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
-    unsettled: list[RecordUsage] = field(default_factory=list)
-    """Calls of an uncapped query, reported to the BudgetGuard in one message at the end."""
+    unsettled: list[tuple[str, Usage]] = field(default_factory=list)
+    """Calls of an uncapped query (model, usage), accounted in one go when the query settles."""
     cost_usd: float = 0.0
     last_stop_reason: str | None = None
     last_text: str = ""

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetStatus, RecordUsage
+from queryloop.actors.budget_guard import BudgetGuard, BudgetLedger, BudgetStatus, RecordUsage
+from queryloop.actors.compactor import Compactor
 from queryloop.actors.model_caller import CallEnded, ConsumerGone, StartCall
 from queryloop.actors.query_loop.messages import RunQuery
 from queryloop.actors.query_loop.run import (
@@ -27,6 +28,7 @@ from queryloop.actors.query_loop.run import (
     task_budget_of,
     turn_done,
 )
+from queryloop.actors.summarizer import HaikuSummarizer
 from queryloop.actors.tool_executor import BeginTurn, Discard, ToolResult
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
@@ -38,18 +40,18 @@ from queryloop.runtime.loop.events import (
     SystemMessage,
     TombstoneEvent,
     TranscriptMessage,
+    Usage,
 )
-from queryloop.runtime.loop.model import ModelError, ModelRequest
+from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.state import State
 from queryloop.runtime.loop.transcript import strip_signature_blocks
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pykka import ActorRef
 
-    from queryloop.actors.budget_guard import BudgetGuard
-    from queryloop.actors.compactor import Compactor
     from queryloop.actors.model_caller import ModelCaller
-    from queryloop.actors.summarizer import HaikuSummarizer
     from queryloop.actors.tool_executor import StreamingToolExecutor
     from queryloop.runtime.loop.persistence import TranscriptLog
 
@@ -62,14 +64,49 @@ class QueryLoopTurns(TrioActor):
 
     model_caller: ActorRef[ModelCaller]
     executor: ActorRef[StreamingToolExecutor]
-    budget_guard: ActorRef[BudgetGuard]
-    compactor: ActorRef[Compactor]
-    summarizer: ActorRef[HaikuSummarizer]
-    host_capped: bool
+    ledger: BudgetLedger | None
+    """The session's budget accounting, kept here (inline) where no host budget is set; else None and the
+    BudgetGuard, an actor from the start, is asked."""
+    _budget_guard: ActorRef[BudgetGuard] | None
+    _compactor: ActorRef[Compactor] | None
+    _summarizer: ActorRef[HaikuSummarizer] | None
+    _compact_provider: ModelProvider
+    _summary_provider: ModelProvider
+    _session_dir: Path | None
     conversation: list[TranscriptMessage]
     transcript: TranscriptLog | None
     _run: Run | None
     _queued: RunQuery | None
+
+    # -- the helpers, spawned on first need ------------------------------------------------
+
+    @property
+    def budget_guard(self) -> ActorRef[BudgetGuard]:
+        """The session's BudgetGuard; where no host budget is set, spawned on first need around `ledger`."""
+        guard = self._budget_guard
+        if guard is None:
+            guard = self._budget_guard = self.supervisor.spawn(BudgetGuard, ledger=self.ledger)
+        return guard
+
+    @property
+    def compactor(self) -> ActorRef[Compactor]:
+        """The session's Compactor, spawned on first need (a session whose context never needs it has none)."""
+        compactor = self._compactor
+        if compactor is None:
+            compactor = self._compactor = self.supervisor.spawn(
+                Compactor, self._compact_provider, budget_guard=self.budget_guard, session_dir=self._session_dir
+            )
+        return compactor
+
+    @property
+    def summarizer(self) -> ActorRef[HaikuSummarizer]:
+        """The session's HaikuSummarizer, spawned on first need (tool-use summaries only)."""
+        summarizer = self._summarizer
+        if summarizer is None:
+            summarizer = self._summarizer = self.supervisor.spawn(
+                HaikuSummarizer, self._summary_provider, budget_guard=self.budget_guard
+            )
+        return summarizer
 
     async def _model_phase(
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
@@ -171,17 +208,23 @@ class QueryLoopTurns(TrioActor):
             for message in accept_result(run, turn, item):
                 await self._emit(run, message, of_turn=turn)
         elif kind is CallEnded:
-            record = self._end_call(run, turn, item)
+            usage = self._end_call(run, turn, item)
             # The response is whole: make it durable before its tools (which may run long) finish.
             await self._flush_transcript()
-            if record is None:
+            if usage is None:
                 return
-            if run.options.max_budget_usd is None and not self.host_capped:
-                run.unsettled.append(record)  # no cap to check: settled once, when the query ends
+            ledger = self.ledger
+            if run.options.max_budget_usd is None and ledger is not None:
+                run.unsettled.append((run.model, usage))  # no cap to check: accounted once, when the query ends
                 return
-            status: BudgetStatus = await self.budget_guard.ask(record, block=False)
-            run.cost_usd = status.query_cost_usd
-            if status.exceeded:
+            if ledger is not None:  # capped by the query alone: checked here, inline
+                ledger.account(run.model, usage)
+                run.cost_usd, exceeded = ledger.query_cost_usd, ledger.query_cap_reached()
+            else:  # a host budget sits above the session: its BudgetGuard is asked
+                record = RecordUsage(model=run.model, usage=usage, query_usage=True)
+                status: BudgetStatus = await self.budget_guard.ask(record, block=False)
+                run.cost_usd, exceeded = status.query_cost_usd, status.exceeded
+            if exceeded:
                 run.budget_exceeded = True
                 if not run.ending:
                     raise BudgetExceeded
@@ -200,15 +243,15 @@ class QueryLoopTurns(TrioActor):
                 for message in accept_result(run, turn, item):
                     self._emit_now(run, message, of_turn=turn)
             elif kind is CallEnded:
-                record = self._end_call(run, turn, item)
-                if record is not None:
-                    run.unsettled.append(record)
+                usage = self._end_call(run, turn, item)
+                if usage is not None:
+                    run.unsettled.append((run.model, usage))
             elif kind is ConsumerGone:
                 run.consumer_open = False
             else:  # progress and system messages produced before the cut
                 self._emit_now(run, item)
 
-    def _end_call(self, run: Run, turn: Turn, ended: CallEnded) -> RecordUsage | None:
+    def _end_call(self, run: Run, turn: Turn, ended: CallEnded) -> Usage | None:
         """The call's last item: its response is whole; the usage to record, if it reached its end."""
         turn.ended = ended
         self._close_response(turn)
@@ -217,7 +260,7 @@ class QueryLoopTurns(TrioActor):
         run.last_stop_reason = ended.stop_reason
         turn.usage_recorded = True
         run.usage = run.usage + ended.usage
-        return RecordUsage(model=run.model, usage=ended.usage, query_usage=True)
+        return ended.usage
 
     def _close_response(self, turn: Turn) -> None:
         """The response has no more blocks: the results held back join the conversation after it."""
