@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from pykka import ActorRef
 
 from queryloop import Runtime
-from queryloop.actors.budget_guard import cost_usd
+from queryloop.actors.budget_guard import HostSpend, cost_usd
 from queryloop.runtime.host.session import Session
+from queryloop.runtime.kernel.actor import TrioActor
+from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortAck
 from queryloop.runtime.loop.events import ResultMessage, StreamEvent, Usage
 from queryloop.runtime.loop.hooks import HookDecision, StopHookInput
@@ -235,3 +238,67 @@ async def test_the_inline_budget_gives_the_totals_and_terminals_the_budget_guard
     calls = sum(cost_usd(Usage(**u), PRICE) for u in USAGE)
     assert inline[0][1].total_cost_usd > calls
     assert inline[0][1].usage == sum((Usage(**u) for u in USAGE), Usage())
+
+
+class SlowHostBudget(TrioActor):
+    """A host budget that takes ten seconds to answer each session's spend."""
+
+    actor_name = "SlowHostBudget"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spent = 0.0
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, HostSpend):
+            return self._answer(message.cost_usd)
+        return super().on_receive(message)
+
+    async def _answer(self, cost: float) -> bool:
+        await trio.sleep(10)
+        self.spent += cost
+        return False
+
+
+async def test_an_abort_while_the_loop_waits_for_the_host_budgets_answer_ends_the_query_with_the_call_billed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with Runtime.open() as runtime:
+        host = await runtime.start_group("host")
+        slow: ActorRef[Any] = host.spawn(SlowHostBudget)
+        runtime.host_budget = slow  # a stand-in: the sessions only ask it `HostSpend`
+        model = ScriptedModel([text_reply("done", usage=USAGE[0])])
+        session = await open_session(runtime, model, pricing=PRICE)
+        handle = session.query("go")
+
+        async def abort_soon() -> None:
+            await trio.sleep(5)  # the response is whole; the loop waits for the host's answer
+            await session.abort("user")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(abort_soon)
+            ran = await consume(session, handle, model)
+        assert ran.reason == "aborted_streaming" and trio.current_time() < 10
+        assert ran.handle.result is not None
+        assert ran.handle.result.usage == Usage(**USAGE[0])  # the call was billed before the abort cut the answer
+        assert ran.handle.result.total_cost_usd == pytest.approx(cost_usd(Usage(**USAGE[0]), PRICE))
+        await assert_settled(ran)
+
+
+async def test_wake_receiver_wakes_a_waiting_consumer_with_nothing_new_and_is_a_no_op_otherwise() -> None:
+    channel = EventChannel[int](4)
+    channel.wake_receiver()  # nobody waits: nothing happens, nothing is buffered
+    woken: list[bool] = []
+
+    async def consumer() -> None:
+        woken.append(await channel.wait())
+        woken.append(await channel.wait())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consumer)
+        await trio.testing.wait_all_tasks_blocked()
+        channel.wake_receiver()
+        await trio.testing.wait_all_tasks_blocked()
+        assert woken == [False]  # woken with nothing buffered
+        channel.send_nowait(7)
+    assert woken == [False, True] and channel.take() == 7

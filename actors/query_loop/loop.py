@@ -4,11 +4,13 @@ A `RunQuery` starts the query as *non-abortable* work of this actor: an abort
 must not kill the loop, the loop must end the query itself as seed 000 says:
 what the tools finished, synthetic `Interrupted by user` results for the rest,
 an interruption message unless the reason is `interrupt`, and the `result`
-event. `on_abort` records the reason and cancels the current *phase* (the model
-stream and tool wait, or the stop hooks). Where the loop is waiting on its turn
-(nearly all of a query's life), the ending is written at once, in the abort's own
-call, once its handlers have returned (`_end_now`); elsewhere the loop's task,
-woken by the cancellation, writes it. Both run the same synchronous ending
+event. `on_abort` records the reason and stops what the loop waits on: the
+turn (the model stream and the tools: the loop's wait on its turn channel is
+woken, no cancel scope is needed there, `Run.abort`) or the current *phase*'s
+cancel scope (a summary, a compaction, the stop hooks). Where the loop is waiting
+on its turn (nearly all of a query's life), the ending is written at once, in the
+abort's own call, once its handlers have returned (`_end_now`); elsewhere the
+loop's task, woken by the abort, writes it. Both run the same synchronous ending
 (`_end_early`, `_send_outcome`). The ModelCaller's and the executor's work is
 abortable and is cancelled by the same `Abort` broadcast.
 

@@ -1,8 +1,10 @@
 """The turn: one model call and its tools, and the emission of what they produce.
 
-`QueryLoopTurns` holds the QueryLoop's state (its helpers, the conversation, the transcript log)
-and runs the model phase: it starts the call on the ModelCaller, waits on the turn's channel, and
-dispatches each item (assistant messages, tool results, progress, the call's end) as it arrives.
+`QueryLoopTurns` holds the QueryLoop's state (its helpers, spawned on first need, the budget ledger,
+the conversation, the transcript log) and runs the model phase: it hands the call to the ModelCaller's
+task for the query (`CallFeed`), waits on the turn's channel, and dispatches each item (assistant
+messages, tool results, progress, the call's end) as it arrives. That wait has no cancel scope: an
+abort wakes it (`Run.abort`) and the loop stops dispatching; the ending takes what is left.
 Every event a query emits goes through `_emit` (may wait for a slow consumer) or `_emit_now`
 (for an ending, never waits); a transcript message joins the conversation as it is emitted.
 """
@@ -30,6 +32,7 @@ from queryloop.actors.query_loop.run import (
 )
 from queryloop.actors.summarizer import HaikuSummarizer
 from queryloop.actors.tool_executor import BeginTurn, Discard, ToolResult
+from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.events import (
@@ -164,17 +167,21 @@ class QueryLoopTurns(TrioActor):
             run.calls.feed(call)  # to the ModelCaller's task for this query: no message, no new task
         else:
             self.model_caller.tell(call)  # the query's first call (or the first since an abort cut its task)
+        # No cancel scope: an abort wakes the wait below (`Run.abort`), and the loop stops dispatching at
+        # once; what the turn still holds is taken by the ending (`_drain_in_ending`). The only other waits
+        # here are shielded (a slow consumer, a transcript flush) or a host budget's answer, which the
+        # abort cancels too.
         items = channel.items
-        with self._phase(run):
-            while not turn_done(turn) and run.terminal is None:
-                if not items:
-                    run.waiting = True
-                    try:
-                        await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
-                    finally:
-                        run.waiting = False
-                    continue
-                await self._dispatch(run, turn, channel.take())
+        control = run.control
+        while not turn_done(turn) and run.terminal is None and control.abort_reason is None:
+            if not items:
+                run.waiting = True
+                try:
+                    await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
+                finally:
+                    run.waiting = False
+                continue
+            await self._dispatch(run, turn, channel.take())
         return turn
 
     def _request(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
@@ -222,7 +229,12 @@ class QueryLoopTurns(TrioActor):
                 run.cost_usd, exceeded = ledger.query_cost_usd, ledger.query_cap_reached()
             else:  # a host budget sits above the session: its BudgetGuard is asked
                 record = RecordUsage(model=run.model, usage=usage, query_usage=True)
-                status: BudgetStatus = await self.budget_guard.ask(record, block=False)
+                try:
+                    status: BudgetStatus = await self.budget_guard.ask(record, block=False)
+                except WorkCancelled:
+                    if run.control.abort_reason is None:
+                        raise
+                    return  # the abort cut the host's answer: the call is recorded, the query ends aborted
                 run.cost_usd, exceeded = status.query_cost_usd, status.exceeded
             if exceeded:
                 run.budget_exceeded = True

@@ -142,6 +142,14 @@ class EventChannel(Generic[T]):
         await wait_task_rescheduled(abort)
         return bool(self.items)
 
+    def wake_receiver(self) -> None:
+        """Wake the consumer if it waits in `wait()`, with nothing new (its `wait` then answers whether
+        anything is buffered): for a consumer that also has something else to look at, an abort say."""
+        receiver = self._receiver
+        if receiver is not None:
+            self._receiver = None
+            reschedule(receiver)
+
     def close_receiver(self) -> None:
         """The consumer is gone: every send from now on (and every waiting one) raises `BrokenResourceError`."""
         self._receiver_gone = True
