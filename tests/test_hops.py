@@ -302,3 +302,42 @@ async def test_wake_receiver_wakes_a_waiting_consumer_with_nothing_new_and_is_a_
         assert woken == [False]  # woken with nothing buffered
         channel.send_nowait(7)
     assert woken == [False, True] and channel.take() == 7
+
+
+class Paced(TaskRecording):
+    """Yields to the scheduler before every event, as a network read does."""
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+        async with aclosing(super().stream(request)) as events:
+            async for event in events:
+                await trio.lowlevel.checkpoint()
+                yield event
+
+
+class StepCounter(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.steps: dict[trio.lowlevel.Task, int] = {}
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task] = self.steps.get(task, 0) + 1
+
+
+async def test_a_streamed_event_costs_one_task_switch_from_the_read_to_the_consumer() -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([text_reply("x" * 48 * 200)])  # 200 text deltas
+        provider = Paced(model)
+        session = await runtime.open_session(QueryOptions(provider=provider))
+        counter = StepCounter()
+        trio.lowlevel.add_instrument(counter)
+        try:
+            ran = await consume(session, session.query("go"), model)
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+        events = sum(1 for event in ran.events if isinstance(event, StreamEvent))
+        assert events > 200
+        model_caller, consumer = provider.tasks[0], trio.lowlevel.current_task()
+        others = sum(n for task, n in counter.steps.items() if task not in (model_caller, consumer))
+        assert counter.steps[model_caller] <= events + 3  # one step per read
+        assert counter.steps[consumer] <= events  # at most one wakeup per event, fewer when several are ready
+        assert others <= 5  # the QueryLoop is woken per content block, never per event
+        await assert_settled(ran)
