@@ -4,10 +4,12 @@ A session is one actor group holding one conversation: the QueryLoop, the
 ModelCaller and the StreamingToolExecutor from the start; the Compactor, the
 HaikuSummarizer and the BudgetGuard spawned by the QueryLoop on first need (the
 BudgetGuard from the start under a host budget; without one the loop accounts
-inline). An abort reaches every actor alive at that moment. `session.query(prompt)` submits a user message and
-returns a `QueryHandle`: a view over the bounded trio channel the QueryLoop
-feeds, never an async generator owning a nursery, so a consumer that stops early
-cannot corrupt a cancel scope (trio #638). Closing the handle, or dropping it
+inline). An abort reaches every actor alive at that moment.
+
+`session.query(prompt)` submits a user message and returns a `QueryHandle`: a
+view over the bounded trio channel the QueryLoop feeds, never an async generator
+owning a nursery, so a consumer that stops early cannot corrupt a cancel scope
+(trio #638). Closing the handle, or dropping it
 before the end, aborts the query (reason `user`) and leaves the session usable.
 """
 
