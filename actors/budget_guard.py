@@ -8,6 +8,14 @@ seed 003's `checkTokenBudget` decision. The loop checks the USD answer after eve
 event it emits; the cost only changes at a call's end, so the overshoot is at
 most one model call (seed 000).
 
+The accounting itself is a `BudgetLedger`, a plain object. Where no host budget is
+set, nothing but the session's own queries can change it, so the QueryLoop keeps the
+ledger and does the per-query accounting inline (no message per call or per query);
+the BudgetGuard actor is then spawned only when the Compactor or the HaikuSummarizer is,
+around the same ledger, to take the spend they report as messages. Where a host
+budget is set, the guard is an actor from the session's start and every query talks
+to it by message (`BeginQuery`, `RecordUsage`, `SettleQuery`, `CheckTokenBudget`).
+
 A guard may have a parent: a host-wide BudgetGuard whose `max_budget_usd` caps
 the sum over every session that reports to it.
 """
@@ -21,7 +29,7 @@ from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.messages import Message, record
 from queryloop.runtime.loop.events import Usage
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
-from queryloop.runtime.loop.token_budget import BudgetTracker, check_token_budget
+from queryloop.runtime.loop.token_budget import BudgetTracker, TokenBudgetDecision, check_token_budget
 
 if TYPE_CHECKING:
     from pykka import ActorRef
@@ -86,61 +94,129 @@ def cost_usd(usage: Usage, price: Pricing) -> float:
     ) / 1_000_000
 
 
-class BudgetGuard(TrioActor):
-    actor_name = "BudgetGuard"
+class BudgetLedger:
+    """The accounting of one session's queries (see the module docstring); used on the trio thread only."""
 
-    def __init__(self, *, max_budget_usd: float | None = None, parent: ActorRef[BudgetGuard] | None = None) -> None:
-        super().__init__()
-        self.host_max_budget_usd = max_budget_usd
-        self.parent = parent
+    __slots__ = (
+        "_priced_model",
+        "_pricing",
+        "_query_max",
+        "_token_budget",
+        "_tracker",
+        "query_cost_usd",
+        "query_usage",
+        "session_cost_usd",
+        "session_usage",
+    )
+
+    def __init__(self) -> None:
         self.session_usage = Usage()
         self.session_cost_usd = 0.0
-        self._query_usage = Usage()
-        self._query_cost = 0.0
+        self.query_usage = Usage()
+        self.query_cost_usd = 0.0
         self._query_max: float | None = None
         self._pricing: Pricing | None = None
         self._priced_model: str | None = None
-        self._host_exceeded = False
         self._token_budget: int | None = None
         self._tracker = BudgetTracker()
 
+    def begin_query(
+        self,
+        *,
+        max_budget_usd: float | None = None,
+        token_budget: int | None = None,
+        model: str | None = None,
+        pricing: Pricing | None = None,
+    ) -> None:
+        """Reset the per-query ledger (`BeginQuery`)."""
+        self.query_usage, self.query_cost_usd = Usage(), 0.0
+        self._query_max = max_budget_usd
+        self._priced_model, self._pricing = model, pricing
+        self._token_budget, self._tracker = token_budget, BudgetTracker()
+
+    def account(self, model: str, usage: Usage, *, query_usage: bool = True) -> float:
+        """Record one call's usage, priced at `model`'s rates; its cost in USD."""
+        override = self._pricing if model == self._priced_model else None
+        cost = cost_usd(usage, pricing_for(model, override))
+        if query_usage:
+            self.query_usage = self.query_usage + usage
+        self.query_cost_usd += cost
+        self.session_usage = self.session_usage + usage
+        self.session_cost_usd += cost
+        return cost
+
+    def query_cap_reached(self) -> bool:
+        """The query's own `max_budget_usd` is reached."""
+        return self._query_max is not None and self.query_cost_usd >= self._query_max
+
+    def status(self, *, host_exceeded: bool = False) -> BudgetStatus:
+        """The query's totals so far (`SettleQuery`'s answer)."""
+        return BudgetStatus(
+            query_usage=self.query_usage,
+            query_cost_usd=self.query_cost_usd,
+            exceeded=host_exceeded or self.query_cap_reached(),
+        )
+
+    def check_token_budget(self, global_turn_tokens: int) -> TokenBudgetDecision:
+        """Seed 003's gate for the current query (`CheckTokenBudget`)."""
+        return check_token_budget(self._tracker, None, self._token_budget, global_turn_tokens)
+
+
+class BudgetGuard(TrioActor):
+    actor_name = "BudgetGuard"
+
+    def __init__(
+        self,
+        *,
+        max_budget_usd: float | None = None,
+        parent: ActorRef[BudgetGuard] | None = None,
+        ledger: BudgetLedger | None = None,
+    ) -> None:
+        super().__init__()
+        self.host_max_budget_usd = max_budget_usd
+        self.parent = parent
+        self.ledger = ledger if ledger is not None else BudgetLedger()
+        """Shared with the session's QueryLoop where no host budget is set (it accounts inline then)."""
+        self._host_exceeded = False
+
+    @property
+    def session_usage(self) -> Usage:
+        return self.ledger.session_usage
+
+    @property
+    def session_cost_usd(self) -> float:
+        return self.ledger.session_cost_usd
+
     def on_receive(self, message: Any) -> Any:
+        ledger = self.ledger
         if isinstance(message, RecordUsage):
             return self._record(message)
         if isinstance(message, BeginQuery):
-            self._query_usage, self._query_cost = Usage(), 0.0
-            self._query_max = message.max_budget_usd
-            self._priced_model, self._pricing = message.model, message.pricing
-            self._token_budget, self._tracker = message.token_budget, BudgetTracker()
+            ledger.begin_query(
+                max_budget_usd=message.max_budget_usd,
+                token_budget=message.token_budget,
+                model=message.model,
+                pricing=message.pricing,
+            )
             return None
         if isinstance(message, SettleQuery):
-            cost = sum(self._account(call) for call in message.calls)
+            cost = sum(ledger.account(call.model, call.usage, query_usage=call.query_usage) for call in message.calls)
             if self.parent is not None and cost:
                 self.parent.tell(HostSpend(cost_usd=cost))  # the host's total includes what was cut short
             return self._status()
         if isinstance(message, CheckTokenBudget):
-            return check_token_budget(self._tracker, None, self._token_budget, message.global_turn_tokens)
+            return ledger.check_token_budget(message.global_turn_tokens)
         if isinstance(message, HostSpend):
-            self.session_cost_usd += message.cost_usd
-            return self.host_max_budget_usd is not None and self.session_cost_usd >= self.host_max_budget_usd
+            ledger.session_cost_usd += message.cost_usd
+            return self.host_max_budget_usd is not None and ledger.session_cost_usd >= self.host_max_budget_usd
         return super().on_receive(message)
 
     def _record(self, message: RecordUsage) -> Any:
-        cost = self._account(message)
+        # Accounting happens here, synchronously: an abort can never lose a recorded call.
+        cost = self.ledger.account(message.model, message.usage, query_usage=message.query_usage)
         if self.parent is None:
             return self._status()
         return self._report_to_parent(cost)
-
-    def _account(self, message: RecordUsage) -> float:
-        # Accounting happens here, synchronously: an abort can never lose a recorded call.
-        override = self._pricing if message.model == self._priced_model else None
-        cost = cost_usd(message.usage, pricing_for(message.model, override))
-        if message.query_usage:
-            self._query_usage = self._query_usage + message.usage
-        self._query_cost += cost
-        self.session_usage = self.session_usage + message.usage
-        self.session_cost_usd += cost
-        return cost
 
     async def _report_to_parent(self, cost: float) -> BudgetStatus:
         assert self.parent is not None
@@ -148,5 +224,4 @@ class BudgetGuard(TrioActor):
         return self._status()
 
     def _status(self) -> BudgetStatus:
-        exceeded = self._host_exceeded or (self._query_max is not None and self._query_cost >= self._query_max)
-        return BudgetStatus(query_usage=self._query_usage, query_cost_usd=self._query_cost, exceeded=exceeded)
+        return self.ledger.status(host_exceeded=self._host_exceeded)

@@ -13,6 +13,9 @@ are not both on.
 `DrainCollapses` commits what is staged (the 413 cascade's first step);
 `Compact` with trigger `reactive` is its second step. A failed compaction
 costs the compaction, never the loop: `Compacted` is then None.
+
+The QueryLoop spawns it the first time one of these is needed: a session whose context never
+needs the pipeline never has a Compactor.
 """
 
 from __future__ import annotations

@@ -1,7 +1,16 @@
-"""ModelCaller: streams one model call to the query's consumer and the QueryLoop.
+"""ModelCaller: streams a query's model calls to the query's consumer and the QueryLoop.
 
-For a `StartCall` it runs the call as abortable work (an abort closes the
-provider's stream, so billing stops). The call's own events go straight to the
+One task per query: the first `StartCall` of a query carries the query's `CallFeed`
+and starts one piece of abortable work that runs that call, then every later call
+of the query the QueryLoop puts in the feed, in order (no message, no task and no
+cancel scope per call). The task waits for the next call only after a response
+that asks for one (tool uses to answer, a withheld error to recover from, a
+fallback); after a response that ends the turn it ends at once, so that the
+query's last call leaves no task to wake when the query ends (the rare call after
+such a response, a stop hook's feedback or a token-budget nudge, is sent as a
+`StartCall` and starts a new task), and the loop closes the feed when the query
+ends. An abort cancels the task (the call in flight, if any: closing the provider's
+stream stops billing) and is acked once it has unwound. The call's own events go straight to the
 query's event channel, in production order: every raw event as a `StreamEvent`
 and an `AssistantMessage` for each content block as it completes. The QueryLoop
 gets, through the turn channel, each `AssistantMessage` once the consumer has it
@@ -25,10 +34,12 @@ recovery instead of emitting it. A fallback request ends the call with
 from __future__ import annotations
 
 import random
+from collections import deque
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio.lowlevel import Abort, RaiseCancelT, Task, current_task, reschedule, wait_task_rescheduled
 
 from queryloop.actors.tool_executor import AddTool, BeginTurn
 from queryloop.runtime.kernel.actor import TrioActor
@@ -39,6 +50,8 @@ from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelPro
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pykka import ActorRef
 
     from queryloop.actors.tool_executor import StreamingToolExecutor
@@ -85,6 +98,85 @@ class ConsumerGone(Message):
     """Sent to the turn channel: the query's consumer stopped listening (the loop takes it as the user's abort)."""
 
 
+class CallFeed:
+    """One query's model calls, run in order by one task of the ModelCaller (see the module docstring).
+
+    Made by the QueryLoop, one per query, and used on the trio thread only. The loop's side:
+    `accepting` (a task serves the feed: `feed` a call to it; else send it as a `StartCall`),
+    `feed` and `close`. The ModelCaller's side: `serving` (the scope of the task serving it) and
+    `next_call`, which waits for the loop's next call without a checkpoint when one is queued.
+    """
+
+    __slots__ = ("_calls", "_closed", "_on_served", "_waiter", "calling", "serving")
+
+    def __init__(self) -> None:
+        self._calls: deque[StartCall] = deque()
+        self._closed = False
+        self._waiter: Task | None = None
+        self._on_served: Callable[[], None] | None = None
+        self.serving: trio.CancelScope | None = None
+        """The cancel scope of the ModelCaller's task serving this feed (None: no task serves it)."""
+        self.calling = False
+        """The serving task is running a call (not waiting for the next one)."""
+
+    @property
+    def accepting(self) -> bool:
+        """A task serves the feed and no abort has cut it: a call `feed` to it will be run."""
+        serving = self.serving
+        return serving is not None and not serving.cancel_called and not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def queued(self) -> bool:
+        """A call is waiting in the feed for the serving task."""
+        return bool(self._calls)
+
+    def feed(self, call: StartCall) -> None:
+        """The next call of the query, to the task serving the feed (`accepting` must be True)."""
+        self._calls.append(call)
+        self._wake()
+
+    def close(self, then: Callable[[], None] | None = None) -> None:
+        """No more calls: the serving task ends. `then()` runs once no task serves the feed (now if none does)."""
+        self._closed = True
+        self._wake()
+        if then is not None:
+            if self.serving is None:
+                then()
+            else:
+                self._on_served = then
+
+    async def next_call(self) -> StartCall | None:
+        """The ModelCaller's side: the next call, or None once the feed is closed and drained."""
+        while not self._calls:
+            if self._closed:
+                return None
+            self._waiter = current_task()
+
+            def abort(_: RaiseCancelT) -> Abort:
+                self._waiter = None
+                return Abort.SUCCEEDED
+
+            await wait_task_rescheduled(abort)
+        return self._calls.popleft()
+
+    def served(self) -> None:
+        """The ModelCaller's side: the task serving the feed has ended."""
+        self.serving = None
+        then, self._on_served = self._on_served, None
+        if then is not None:
+            then()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            reschedule(waiter)
+
+
 @record
 class StartCall(CarrierMessage):
     request: ModelRequest
@@ -98,6 +190,8 @@ class StartCall(CarrierMessage):
     max_retries: int
     fallback_available: bool = False
     """Persistent overload (retries exhausted on 529s) then asks for the fallback model, as the reference does."""
+    feed: CallFeed | None = None
+    """The query's feed: the task this call starts runs the query's later calls from it (None: this call only)."""
 
 
 @record
@@ -111,6 +205,13 @@ class CallEnded(CarrierMessage):
     error: ModelError | None = None
     """The call failed for good (after retries); not withheld."""
     fallback: bool = False
+
+
+def _asks_for_more(ended: CallEnded) -> bool:
+    """Whether the loop will most likely call again after this end: tools to answer, a withheld error
+    to recover from, a fallback to retry on. After any other end the query usually ends (a stop hook's
+    feedback or a token-budget nudge may still call again: that call starts a new task)."""
+    return ended.stop_reason == "tool_use" or ended.withheld is not None or ended.fallback
 
 
 class _Attempt:
@@ -147,7 +248,11 @@ class ModelCaller(TrioActor):
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, StartCall):
-            self.start_work(self._call, message)
+            feed = message.feed
+            if feed is None:
+                self.start_work(self._call, message)
+            elif not feed.closed:
+                feed.serving = self.start_work(self._serve, message, feed)
             return None
         return super().on_receive(message)
 
@@ -160,7 +265,25 @@ class ModelCaller(TrioActor):
             self._random = random.Random(self._seed)
         return backoff * self._random.uniform(0.75, 1.0)
 
-    async def _call(self, call: StartCall) -> None:
+    async def _serve(self, first: StartCall, feed: CallFeed) -> None:
+        """A query's calls, one after the other, in this one task, until the loop closes the feed."""
+        mine = feed.serving  # set by the handler before this task first runs
+        try:
+            call: StartCall | None = first
+            while call is not None:
+                feed.calling = True
+                ended = await self._call(call)
+                feed.calling = False
+                if not feed.queued and not _asks_for_more(ended):
+                    return  # the query likely ends here: no step is left to take when it does
+                call = await feed.next_call()
+        finally:
+            if feed.serving is mine:
+                feed.calling = False
+                feed.served()
+
+    async def _call(self, call: StartCall) -> CallEnded:
+        """Run one call (retries included) and send its `CallEnded`, which is also returned."""
         attempt = 0
         while True:
             this_try = _Attempt()
@@ -178,8 +301,9 @@ class ModelCaller(TrioActor):
                     await self._announce_retry_and_wait(call, error, attempt)
                     continue
                 if error.kind == "overloaded" and call.fallback_available and not this_try.emitted:
-                    await call.sink.send(CallEnded(fallback=True))
-                    return
+                    ended = CallEnded(fallback=True)
+                    await call.sink.send(ended)
+                    return ended
                 withheld = None
                 if error.kind == "prompt_too_long":
                     withheld = api_error_message(call.request.model, PROMPT_TOO_LONG_ERROR_MESSAGE)
@@ -188,7 +312,7 @@ class ModelCaller(TrioActor):
                 self.log.opt(exception=error).error("model provider raised an unclassified error")
                 ended = CallEnded(error=ModelError("api_error", f"{type(error).__name__}: {error}"))
             await call.sink.send(ended)
-            return
+            return ended
 
     async def _stream_once(self, call: StartCall, this_try: _Attempt) -> CallEnded:
         """One request: forward its events, hand over its blocks; the end, or the provider's error."""

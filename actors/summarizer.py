@@ -3,7 +3,8 @@
 The QueryLoop asks for it at `next_turn` and awaits the answer at the top of
 the next iteration (seed 001), so a summary that takes as long as the main call
 adds no wall time. The summary is work of this actor: an abort cancels it. Any
-failure costs the summary (the answer is None), never the loop.
+failure costs the summary (the answer is None), never the loop. The QueryLoop spawns it
+with the first summary it asks for.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """queryloop's benchmarks: `python -m bench NAME`.
 
-Each prints ratios to an in-run baseline and a JSON last line. queryloop owns this process: the
-runtime side opens its runtime with `Runtime.open(tune_gc=True)` (`loops` and `abort` take
-`--no-tune-gc`); the baseline runs at Python's defaults (docs/collector.md).
+Each prints ratios to an in-run baseline and a JSON last line. Both sides of a ratio run under the
+same collector settings (bench/collector.py): `loops` and `abort` measure a tuned pair (the runtime
+opened with `Runtime.open(tune_gc=True)`, the baseline under the same thresholds) and an untuned one
+(both at Python's defaults) in one run; `stream` both sides tuned; `kernel` and `scale` run whole
+under `tune_gc=True` (docs/collector.md). Each takes `--profile FILE` (bench/profiling.py).
 """

@@ -1,4 +1,7 @@
-"""`python -m bench kernel | loops | abort | scale`: each prints ratios to its in-run baseline, JSON last."""
+"""`python -m bench kernel | loops | abort | scale | stream`: each prints ratios to its in-run baseline, JSON last.
+
+Each takes `--profile FILE`: a cProfile of its runtime side, for `python -m pstats FILE` or `snakeviz FILE`.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +9,23 @@ import argparse
 import json
 import sys
 
-from bench import abort, kernel, loops, scale
+from bench import abort, kernel, loops, scale, stream
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    modules = {"kernel": kernel, "loops": loops, "abort": abort, "scale": scale}
+    modules = {"kernel": kernel, "loops": loops, "abort": abort, "scale": scale, "stream": stream}
     for name, module in modules.items():
-        module.add_arguments(commands.add_parser(name, help=(module.__doc__ or "").splitlines()[0]))
+        doc = module.__doc__ or ""
+        module.add_arguments(
+            commands.add_parser(
+                name,
+                help=doc.splitlines()[0],
+                description=doc,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+        )
     args = parser.parse_args(argv)
     result = modules[args.command].run(args)
     print(json.dumps(result, sort_keys=True))

@@ -13,14 +13,18 @@ the loop's `result` event. `violations` counts loops the abort reached (before t
 how they end) whose terminal is not an aborted one, and loops whose transcript is invalid;
 `leftover_tasks` counts tasks of a session still running once its query's stream has ended.
 
-The runtime side opens its runtime with `tune_gc=True`, as a host that owns its process would
-(`--no-tune-gc`: with the collector at the process's thresholds); the baseline side always runs at
-the process's thresholds.
+Both sides of a ratio run under the same collector settings (bench/collector.py). By default one
+run measures two pairs, each round running both: tuned (the runtime opened with `tune_gc=True`, the
+baseline's phase under the same thresholds): `abort_p99_ratio`; and untuned (both at Python's
+defaults): `abort_p99_ratio_untuned` (the untuned pair's figures end in `_untuned`). `--gc
+tuned|untuned` measures one pair (`--no-tune-gc` = untuned). `violations` and `leftover_tasks` add
+up every runtime run of the benchmark, both pairs.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import sys
 import time
@@ -32,7 +36,9 @@ import trio
 
 from bench import workload
 from bench.baseline import BaselineAbort, baseline_loop
+from bench.collector import PAIRS, GcMeter, add_gc_arguments, gc_setting
 from bench.loops import percentile
+from bench.profiling import RuntimeProfile, add_profile_argument
 from bench.report import check_plot_target, plot_cdf, progress
 from queryloop import Runtime
 from queryloop.runtime.loop.events import ResultMessage
@@ -58,14 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start every slot in the same instant (with --loops-per-slot 1: C loops whose steps coincide)",
     )
-    parser.add_argument(
-        "--no-tune-gc",
-        dest="tune_gc",
-        action="store_false",
-        help="open the runtime side with Runtime.open(tune_gc=False), the library's default, instead of"
-        " tune_gc=True, which raises the collector's thresholds while the runtime side runs (never while"
-        " the baseline does); docs/collector.md",
-    )
+    add_gc_arguments(parser)
+    add_profile_argument(parser)
 
 
 Slot = tuple[float, list[float]]
@@ -95,10 +95,14 @@ async def _run_slots(slots: list[Slot], one: Callable[[float], Awaitable[None]])
             nursery.start_soon(slot, start, delays)
 
 
-async def runtime_run(args: argparse.Namespace, slots: list[Slot]) -> dict[str, Any]:
+async def runtime_run(
+    args: argparse.Namespace, slots: list[Slot], *, tune_gc: bool = True, meter: GcMeter | None = None
+) -> dict[str, Any]:
     latencies: list[float] = []
     violations = leftover = 0
-    async with Runtime.open(tune_gc=args.tune_gc) as runtime:
+    async with Runtime.open(tune_gc=tune_gc) as runtime:
+        if meter is not None:
+            meter.note_thresholds()
 
         async def one(delay: float) -> None:
             nonlocal violations, leftover
@@ -172,6 +176,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     # A p99 needs many samples: rounds are pooled, each with its own seeded moments (the same for
     # both sides), the two sides alternating so that both see the same machine.
     target = check_plot_target(args.plot)
+    profile = RuntimeProfile(args.profile)
     if args.rounds < 1 or args.concurrency < 1:
         sys.exit("--rounds and --concurrency must be at least 1")
     if args.loops_per_slot is None:
@@ -179,41 +184,78 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     elif args.loops_per_slot < 1:
         sys.exit("--loops-per-slot must be at least 1")
     rounds = args.rounds
-    base: list[float] = []
-    lat: list[float] = []
+    pairs = PAIRS[args.gc]
+    base: dict[str, list[float]] = {pair: [] for pair in pairs}
+    lat: dict[str, list[float]] = {pair: [] for pair in pairs}
+    meters = {pair: {"runtime": GcMeter(), "baseline": GcMeter()} for pair in pairs}
     violations = leftover = 0
-    with progress(2 * rounds, "abort rounds") as advance:
+    with progress(2 * rounds * len(pairs), "abort rounds") as advance:
         for index in range(rounds):
             slots = moments(args, args.seed + index)
-            base += await baseline_run(args, slots)
-            advance()
-            ours = await runtime_run(args, slots)
-            lat += ours["latencies"]
-            violations += ours["violations"]
-            leftover += ours["leftover"]
-            advance()
-    p50, p99 = percentile(lat, 0.5) * 1e3, percentile(lat, 0.99) * 1e3
-    b50, b99 = percentile(base, 0.5) * 1e3, percentile(base, 0.99) * 1e3
-    ratio = p99 / b99 if b99 else float("inf")
+            for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
+                tuned = pair == "tuned"
+                gc.collect()
+                with gc_setting(tuned), meters[pair]["baseline"]:
+                    base[pair] += await baseline_run(args, slots)
+                advance()
+                gc.collect()
+                meter = meters[pair]["runtime"]
+                with meter, profile.on():
+                    ours = await runtime_run(args, slots, tune_gc=tuned, meter=meter)
+                if meter.thresholds != meters[pair]["baseline"].thresholds:
+                    msg = f"{pair}: the two sides ran under different thresholds ({meters[pair]})"
+                    raise RuntimeError(msg)
+                lat[pair] += ours["latencies"]
+                violations += ours["violations"]
+                leftover += ours["leftover"]
+                advance()
     load = f"{args.concurrency} loops at once, {args.loops_per_slot} after one another in each slot"
     load += ", all slots started together" if args.lockstep else ""
-    load += "" if args.tune_gc else ", runtime with tune_gc=False"
     print(f"abort under load: {load}, model {args.model_ms} ms, tools {args.tool_ms} ms, {rounds} rounds")
-    print(f"  baseline : abort p50 {b50:7.2f} ms  p99 {b99:7.2f} ms  ({len(base)} aborted before their end)")
-    print(f"  runtime  : abort p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  ({len(lat)} aborted before their end)")
-    print(f"  abort_p99_ratio {ratio:.2f}; violations {violations}; leftover tasks {leftover}")
-    if target is not None:
-        title = f"abort latency, {args.concurrency} loops, model {args.model_ms} ms, tools {args.tool_ms} ms"
-        plot_cdf(target, {"queryloop runtime": lat, "baseline (plain trio loop)": base}, title)
-        print(f"  plot: {target}")
-    return {
+    result: dict[str, Any] = {
         "benchmark": "abort",
         "concurrency": args.concurrency,
         "model_ms": args.model_ms,
         "tool_ms": args.tool_ms,
         "loops_per_slot": args.loops_per_slot,
         "lockstep": args.lockstep,
-        "tune_gc": args.tune_gc,
+        "gc": args.gc,
+        "rounds": rounds,
+    }
+    loops = rounds * args.concurrency * args.loops_per_slot
+    for pair in pairs:
+        result.update(pair_figures(pair, lat[pair], base[pair], meters[pair], loops))
+    print(f"  violations {violations}; leftover tasks {leftover}")
+    if target is not None:
+        title = f"abort latency, {args.concurrency} loops, model {args.model_ms} ms, tools {args.tool_ms} ms"
+        series: dict[str, list[float]] = {}
+        for pair in pairs:
+            series[f"queryloop runtime (GC {pair})"] = lat[pair]
+            series[f"baseline, plain trio loop (GC {pair})"] = base[pair]
+        plot_cdf(target, series, title)
+        print(f"  plot: {target}")
+    return {**result, "violations": violations, "leftover_tasks": leftover, **profile.save()}
+
+
+def pair_figures(
+    pair: str, lat: list[float], base: list[float], meters: dict[str, GcMeter], loops: int
+) -> dict[str, Any]:
+    """The figures of one pair; the untuned pair's names end in `_untuned`."""
+    p50, p99 = percentile(lat, 0.5) * 1e3, percentile(lat, 0.99) * 1e3
+    b50, b99 = percentile(base, 0.5) * 1e3, percentile(base, 0.99) * 1e3
+    ratio = p99 / b99 if b99 else float("inf")
+    runtime, baseline = meters["runtime"], meters["baseline"]
+    print(f"  {pair} (thresholds {runtime.thresholds} on both sides)")
+    print(
+        f"    baseline : abort p50 {b50:7.2f} ms  p99 {b99:7.2f} ms  ({len(base)} aborted before their end)"
+        f"  gc {baseline.gc_share:6.1%}, longest {baseline.longest * 1e3:.0f} ms"
+    )
+    print(
+        f"    runtime  : abort p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  ({len(lat)} aborted before their end)"
+        f"  gc {runtime.gc_share:6.1%}, longest {runtime.longest * 1e3:.0f} ms"
+    )
+    print(f"    abort_p99_ratio {ratio:.2f}")
+    figures: dict[str, Any] = {
         "abort_p50_ms": round(p50, 3),
         "abort_p99_ms": round(p99, 3),
         "baseline_abort_p50_ms": round(b50, 3),
@@ -221,10 +263,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "abort_p99_ratio": round(ratio, 3),
         "aborted_before_end": len(lat),
         "baseline_aborted_before_end": len(base),
-        "rounds": rounds,
-        "violations": violations,
-        "leftover_tasks": leftover,
+        "gc_thresholds": list(runtime.thresholds),
+        **runtime.figures(loops),
+        **baseline.figures(loops, prefix="baseline_"),
     }
+    suffix = "" if pair == "tuned" else f"_{pair}"
+    return {f"{name}{suffix}": value for name, value in figures.items()}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 It consumes the same `ScriptedModel` event stream, runs the same tools (concurrency-safe
 ones in parallel, started as their blocks complete), builds the same transcript objects
-(the same pydantic messages, `normalize_messages_for_api` for every request) and yields
+(the same messages, each request normalised incrementally as the runtime's are) and yields
 the same kinds of events. An abort cancels the current phase and the loop answers every
 open `tool_use` before its result event, as the runtime does. What the ratio measures is
 therefore what the actors, the supervision and the abort protocol cost.
@@ -32,8 +32,8 @@ from queryloop.runtime.loop.tools import Tool, ToolContext
 from queryloop.runtime.loop.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPTED_BY_USER,
+    IncrementalNormalizer,
     missing_tool_results,
-    normalize_messages_for_api,
     tool_result_message,
 )
 from queryloop.runtime.providers.scripted import ScriptedModel
@@ -58,6 +58,7 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
 ) -> AsyncGenerator[Event, None]:
     by_name = {t.name: t for t in tools}
     messages: list[TranscriptMessage] = [UserMessage(content=prompt)]
+    normalizer = IncrementalNormalizer()
     usage = Usage()
     turns = 1
     while True:
@@ -65,7 +66,7 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
         request = ModelRequest.model_construct(
             model="claude-sonnet-5-5",
             system=[],
-            messages=normalize_messages_for_api(messages),
+            messages=normalizer.normalize(messages),
             tools=[],
             max_tokens=8000,
             thinking=None,

@@ -8,6 +8,10 @@ In one run it measures
     closing it, while 100, 1,000 and 10,000 idle groups are alive:
     `teardown_flatness` = cost at the largest count / cost at the smallest;
 (c) resident memory per idle six-actor group: `rss_per_session_kb`.
+
+The whole run is under the runtime's collector thresholds (`Runtime.open(tune_gc=True)`), the
+baseline's round-trips included. `--profile FILE` profiles the actor side: the asks and the
+start+teardown cycles (bench/profiling.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from bench.profiling import RuntimeProfile, add_profile_argument
 from queryloop import Runtime, Supervisor, TrioActor
 
 if TYPE_CHECKING:
@@ -42,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds; the best of each side counts")
     parser.add_argument("--sessions", default="100,1000,10000", help="live idle groups during (b)")
     parser.add_argument("--cycles", type=int, default=300, help="start+teardown cycles timed per level")
+    add_profile_argument(parser)
 
 
 def rss_kb() -> float:
@@ -102,12 +108,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     levels = sorted({int(n) for n in args.sessions.split(",")})
     if len(levels) < 2:
         sys.exit(f"--sessions needs two levels or more to compare (e.g. 100,1000), not {args.sessions!r}")
+    profile = RuntimeProfile(args.profile)
     async with Runtime.open(tune_gc=True) as runtime:
         bare: list[float] = []
         ours: list[float] = []
         for _ in range(args.rounds):
             bare.append(await bare_channel_rtt(args.asks))
-            ours.append(await actor_ask_rtt(runtime, args.asks))
+            with profile.on():
+                ours.append(await actor_ask_rtt(runtime, args.asks))
         ask_ratio = min(ours) / min(bare)
         print(
             f"ask round-trip: actor {min(ours) * 1e6:.1f} us, bare channel {min(bare) * 1e6:.1f} us, "
@@ -122,7 +130,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 live.append(await start_six(runtime))
             gc.collect()
             rss_at[level] = rss_kb()
-            samples = [await cycle_cost(runtime, args.cycles) for _ in range(3)]
+            with profile.on():
+                samples = [await cycle_cost(runtime, args.cycles) for _ in range(3)]
             costs[level] = statistics.median(samples)
             print(f"start+teardown with {level:>6} live groups: {costs[level] * 1e6:.0f} us per group")
         flatness = costs[levels[-1]] / costs[levels[0]]
@@ -141,6 +150,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "teardown_us": {str(level): round(cost * 1e6, 1) for level, cost in costs.items()},
         "rss_per_session_kb": round(rss_per, 1),
         "live_tasks_before_close": leftover,
+        **profile.save(),
     }
 
 

@@ -6,9 +6,17 @@ baseline loops/s, best round of each, rounds alternating so that both see the sa
 `--concurrency` takes a list (`10,100,1000`) for a throughput curve; the JSON's top-level
 figures are then those of the largest level, and `--plot FILE.png` draws the curve.
 
-The runtime side opens its runtimes with `tune_gc=True`, as a host that owns its process would
-(`--no-tune-gc`: with the collector at the process's thresholds); the baseline side always runs at
-the process's thresholds.
+Both sides of a ratio run under the same collector settings (bench/collector.py). By default one
+run measures two pairs: tuned (the runtime opened with `tune_gc=True`, the baseline's phase under
+the same thresholds): `throughput_ratio`; and untuned (both at Python's defaults):
+`throughput_ratio_untuned`. `--gc tuned|untuned` measures one pair (`--no-tune-gc` = untuned).
+Per side and pair, `gc.callbacks` measure the collector: `gc_share` (CPU in collections / CPU of
+the side's rounds), `tracked_per_loop` (GC-tracked objects allocated per loop, net, as the
+collector counts them), `cpu_us_per_loop`; the baseline's carry a `baseline_` prefix, the
+untuned pair's an `_untuned` suffix. `cpu_ratio` = the baseline's CPU per loop over the runtime's,
+over all rounds: the throughput ratio of a CPU-bound host, steadier than the best rounds' wall time
+on a shared machine. An untimed census round of each side (the collector off) counts the tracked
+objects alive at once: `in_flight_per_loop`. The two pairs take turns going first in a round.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import trio
 
 from bench import workload
 from bench.baseline import BaselineAbort, baseline_loop
+from bench.collector import PAIRS, GcMeter, add_gc_arguments, gc_setting, in_flight
+from bench.profiling import RuntimeProfile, add_profile_argument
 from bench.report import check_plot_target, plot_throughput, progress
 from queryloop import Runtime
 from queryloop.runtime.loop.options import QueryOptions
@@ -35,21 +45,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-ms", type=float, default=0.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plot", metavar="FILE.png", help="draw loops/s against concurrency")
-    parser.add_argument(
-        "--no-tune-gc",
-        dest="tune_gc",
-        action="store_false",
-        help="open the runtime side with Runtime.open(tune_gc=False), the library's default, instead of"
-        " tune_gc=True, which raises the collector's thresholds while the runtime side runs (never while"
-        " the baseline does); docs/collector.md",
-    )
+    add_gc_arguments(parser)
+    add_profile_argument(parser)
 
 
 async def runtime_round(
-    concurrency: int, model_ms: float, tool_ms: float, *, tune_gc: bool = True
+    concurrency: int, model_ms: float, tool_ms: float, *, tune_gc: bool = True, meter: GcMeter | None = None
 ) -> tuple[float, list[float]]:
     latencies: list[float] = []
     async with Runtime.open(tune_gc=tune_gc) as runtime:
+        if meter is not None:
+            meter.note_thresholds()
 
         async def one() -> None:
             start = time.perf_counter()
@@ -93,30 +99,35 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure_level(c: int, args: argparse.Namespace, advance: Any) -> dict[str, Any]:
-    model_ms, tool_ms = args.model_ms, args.tool_ms
-    ours: list[tuple[float, list[float]]] = []
-    base: list[tuple[float, list[float]]] = []
-    for _ in range(args.rounds):
-        gc.collect()
-        base.append(await baseline_round(c, model_ms, tool_ms))
-        gc.collect()
-        ours.append(await runtime_round(c, model_ms, tool_ms, tune_gc=args.tune_gc))
-        advance()
+Round = tuple[float, list[float]]
+
+
+def pair_figures(c: int, pair: str, ours: list[Round], base: list[Round], meters: dict[str, GcMeter]) -> dict[str, Any]:
+    """The figures of one pair at one level; the untuned pair's names end in `_untuned`."""
     best_ours = min(ours, key=lambda r: r[0])
     best_base = min(base, key=lambda r: r[0])
     ours_rate, base_rate = c / best_ours[0], c / best_base[0]
     ratio = ours_rate / base_rate
-    gc_note = "" if args.tune_gc else ", runtime with tune_gc=False"
-    print(f"workload W, {c} loops at once, model {model_ms} ms, tools {tool_ms} ms{gc_note}")
-    print(f"  baseline : {base_rate:8.0f} loops/s  p50 {percentile(best_base[1], 0.5) * 1e3:7.1f} ms")
-    print(f"  runtime  : {ours_rate:8.0f} loops/s  p50 {percentile(best_ours[1], 0.5) * 1e3:7.1f} ms")
-    print(f"  throughput_ratio (runtime / baseline): {ratio:.2f}")
-    return {
-        "concurrency": c,
+    loops = c * len(ours)
+    runtime, baseline = meters["runtime"], meters["baseline"]
+    print(f"  {pair} (thresholds {runtime.thresholds} on both sides)")
+    print(
+        f"    baseline : {base_rate:8.0f} loops/s  p50 {percentile(best_base[1], 0.5) * 1e3:7.1f} ms"
+        f"  cpu {baseline.cpu / loops * 1e6:6.0f} us/loop  gc {baseline.gc_share:6.1%}"
+        f"  tracked {baseline.tracked / loops:7.0f}/loop"
+    )
+    print(
+        f"    runtime  : {ours_rate:8.0f} loops/s  p50 {percentile(best_ours[1], 0.5) * 1e3:7.1f} ms"
+        f"  cpu {runtime.cpu / loops * 1e6:6.0f} us/loop  gc {runtime.gc_share:6.1%}"
+        f"  tracked {runtime.tracked / loops:7.0f}/loop"
+    )
+    cpu_ratio = baseline.cpu / runtime.cpu if runtime.cpu else 0.0
+    print(f"    throughput_ratio (runtime / baseline): {ratio:.2f}; cpu_ratio (baseline / runtime): {cpu_ratio:.2f}")
+    figures: dict[str, Any] = {
         "loops_per_s": round(ours_rate, 1),
         "baseline_loops_per_s": round(base_rate, 1),
         "throughput_ratio": round(ratio, 3),
+        "cpu_ratio": round(cpu_ratio, 3),
         "p50_ms": round(percentile(best_ours[1], 0.5) * 1e3, 2),
         "p99_ms": round(percentile(best_ours[1], 0.99) * 1e3, 2),
         "baseline_p50_ms": round(percentile(best_base[1], 0.5) * 1e3, 2),
@@ -124,14 +135,60 @@ async def measure_level(c: int, args: argparse.Namespace, advance: Any) -> dict[
         "rounds": [round(r[0], 3) for r in ours],
         "baseline_rounds": [round(r[0], 3) for r in base],
         "median_round_ratio": round(statistics.median(b[0] for b in base) / statistics.median(o[0] for o in ours), 3),
+        "gc_thresholds": list(runtime.thresholds),
+        **runtime.figures(loops),
+        **baseline.figures(loops, prefix="baseline_"),
     }
+    suffix = "" if pair == "tuned" else f"_{pair}"
+    return {f"{name}{suffix}": value for name, value in figures.items()}
+
+
+async def measure_level(c: int, args: argparse.Namespace, profile: RuntimeProfile, advance: Any) -> dict[str, Any]:
+    model_ms, tool_ms = args.model_ms, args.tool_ms
+    pairs = PAIRS[args.gc]
+    ours: dict[str, list[Round]] = {pair: [] for pair in pairs}
+    base: dict[str, list[Round]] = {pair: [] for pair in pairs}
+    meters = {pair: {"runtime": GcMeter(), "baseline": GcMeter()} for pair in pairs}
+    for index in range(args.rounds):
+        for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
+            tuned = pair == "tuned"
+            gc.collect()
+            with gc_setting(tuned), meters[pair]["baseline"]:
+                base[pair].append(await baseline_round(c, model_ms, tool_ms))
+            gc.collect()
+            meter = meters[pair]["runtime"]
+            with meter, profile.on():
+                ours[pair].append(await runtime_round(c, model_ms, tool_ms, tune_gc=tuned, meter=meter))
+            if meter.thresholds != meters[pair]["baseline"].thresholds:
+                msg = f"{pair}: the two sides ran under different thresholds ({meters[pair]})"
+                raise RuntimeError(msg)
+        advance()
+    # An untimed census round of each side: tracked objects alive at once (the collector off).
+    async with in_flight() as base_census:
+        await baseline_round(c, model_ms, tool_ms)
+    async with in_flight() as ours_census:
+        await runtime_round(c, model_ms, tool_ms, tune_gc=False)
+    print(f"workload W, {c} loops at once, model {model_ms} ms, tools {tool_ms} ms, best of {args.rounds} rounds")
+    print(
+        f"  tracked objects alive at once, per loop at its busiest: runtime {ours_census.peak / c:.0f},"
+        f" baseline {base_census.peak / c:.0f}"
+    )
+    point: dict[str, Any] = {
+        "concurrency": c,
+        "in_flight_per_loop": round(ours_census.peak / c, 1),
+        "baseline_in_flight_per_loop": round(base_census.peak / c, 1),
+    }
+    for pair in pairs:
+        point.update(pair_figures(c, pair, ours[pair], base[pair], meters[pair]))
+    return point
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     target = check_plot_target(args.plot)
+    profile = RuntimeProfile(args.profile)
     levels = sorted(int(c) for c in str(args.concurrency).split(","))
     with progress(len(levels) * args.rounds, "loops") as advance:
-        points = [await measure_level(c, args, advance) for c in levels]
+        points = [await measure_level(c, args, profile, advance) for c in levels]
     if target is not None:
         plot_throughput(target, points, f"workload W, model {args.model_ms} ms, tools {args.tool_ms} ms")
         print(f"  plot: {target}")
@@ -139,8 +196,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "loops",
         "model_ms": args.model_ms,
         "tool_ms": args.tool_ms,
-        "tune_gc": args.tune_gc,
+        "gc": args.gc,
         **points[-1],
+        **profile.save(),
     }
     if len(points) > 1:
         result["points"] = points

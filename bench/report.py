@@ -8,7 +8,7 @@ nothing of it runs inside a measured round. Plots need matplotlib (`pip install
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -78,23 +78,28 @@ def _figure(target: Path, title: str, xlabel: str, ylabel: str) -> Iterator[Any]
 
 
 def plot_throughput(target: Path, points: Sequence[dict[str, Any]], title: str) -> None:
-    """Loops per second against concurrency, runtime and baseline."""
+    """Loops per second against concurrency, runtime and baseline, for each collector pair measured."""
     with _figure(target, title, "loops at once (concurrency)", "loops per second") as axes:
         levels = [p["concurrency"] for p in points]
-        axes.plot(levels, [p["loops_per_s"] for p in points], marker="o", label="queryloop runtime")
-        axes.plot(levels, [p["baseline_loops_per_s"] for p in points], marker="s", label="baseline (plain trio loop)")
-        for p in points:
-            axes.annotate(
-                f"{p['throughput_ratio']:.2f}",
-                (p["concurrency"], p["loops_per_s"]),
-                textcoords="offset points",
-                xytext=(0, -14),
-                ha="center",
-                fontsize=8,
-            )
+        for suffix, note, style in (("", "GC tuned", "-"), ("_untuned", "GC untuned", "--")):
+            if f"loops_per_s{suffix}" not in points[0]:
+                continue
+            ours = [p[f"loops_per_s{suffix}"] for p in points]
+            axes.plot(levels, ours, marker="o", linestyle=style, label=f"queryloop runtime ({note})")
+            base = [p[f"baseline_loops_per_s{suffix}"] for p in points]
+            axes.plot(levels, base, marker="s", linestyle=style, label=f"baseline, plain trio loop ({note})")
+            for level, rate, p in zip(levels, ours, points, strict=True):
+                axes.annotate(
+                    f"{p[f'throughput_ratio{suffix}']:.2f}",
+                    (level, rate),
+                    textcoords="offset points",
+                    xytext=(0, -14),
+                    ha="center",
+                    fontsize=8,
+                )
 
 
-def plot_cdf(target: Path, series: dict[str, Sequence[float]], title: str) -> None:
+def plot_cdf(target: Path, series: Mapping[str, Sequence[float]], title: str) -> None:
     """The cumulative distribution of each series of latencies (seconds, drawn in milliseconds)."""
     with _figure(target, title, "abort call → result event (ms)", "fraction of aborts") as axes:
         for label, values in series.items():

@@ -4,6 +4,9 @@ At each level it measures the cost of starting one more session and its query (`
 starts while N are live, in five batches, the median batch counting) and the resident memory
 per live session.
 `start_flatness` = start cost at the largest level / at the smallest.
+
+There is no baseline: all of it is the runtime side (under `Runtime.open(tune_gc=True)`), and
+`--profile FILE` profiles the timed probes (bench/profiling.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import trio.testing
 
 from bench import workload
 from bench.kernel import rss_kb
+from bench.profiling import RuntimeProfile, add_profile_argument
 from queryloop import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
 from queryloop.runtime.loop.options import QueryOptions
@@ -31,6 +35,7 @@ PROBE_BATCHES = 5
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", default="100,1000,10000")
     parser.add_argument("--probe", type=int, default=1000, help="starts timed at each level (fewer: noisier)")
+    add_profile_argument(parser)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -40,6 +45,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     live: list[tuple[Session, QueryHandle]] = []
     costs: dict[int, float] = {}
     rss_at: dict[int, float] = {}
+    profile = RuntimeProfile(args.profile)
     async with Runtime.open(tune_gc=True) as runtime:
 
         async def start_one() -> tuple[Session, QueryHandle]:
@@ -60,11 +66,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             size = max(1, args.probe // PROBE_BATCHES)
             for _ in range(PROBE_BATCHES):
                 probes = []
-                start = time.perf_counter()
-                for _ in range(size):
-                    probes.append(await start_one())
-                await trio.testing.wait_all_tasks_blocked()
-                batches.append((time.perf_counter() - start) / size)
+                with profile.on():
+                    start = time.perf_counter()
+                    for _ in range(size):
+                        probes.append(await start_one())
+                    await trio.testing.wait_all_tasks_blocked()
+                    batches.append((time.perf_counter() - start) / size)
                 for session, _ in probes:
                     await session.close()
             costs[level] = statistics.median(batches)
@@ -79,6 +86,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "start_us": {str(level): round(cost * 1e6, 1) for level, cost in costs.items()},
         "start_flatness": round(flatness, 3),
         "rss_per_session_kb": round(per_session, 1),
+        **profile.save(),
     }
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest, is_prompt_too_long
 from queryloop.runtime.loop.stream import ResponseAssembler
+from queryloop.runtime.providers import scripted
 from queryloop.runtime.providers.scripted import (
     JSON_CHUNK,
     TEXT_CHUNK,
@@ -270,6 +271,43 @@ async def test_scripted_model_estimates_input_tokens_from_the_request() -> None:
     short = await collect(model, request("hi"))
     long = await collect(model, request("hi " * 1000))
     assert 1 <= short[0]["message"]["usage"]["input_tokens"] < long[0]["message"]["usage"]["input_tokens"]
+
+
+async def test_scripted_usage_never_estimates_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate dumps the whole request (half the provider's cost): a scripted usage makes it useless."""
+
+    def refuse(payload: Any) -> int:
+        raise AssertionError(f"estimated tokens of {payload!r}")
+
+    monkeypatch.setattr(scripted, "_estimate_tokens", refuse)
+    usage = {"input_tokens": 1200, "output_tokens": 30, "cache_read_input_tokens": 7}
+    partial = {"output_tokens": 5}  # a usage with some counts scripted is scripted: the rest are 0
+    model = ScriptedModel(
+        [{"content": [{"type": "text", "text": "a"}], "usage": usage}, {"content": [], "usage": partial}]
+    )
+    first = await collect(model, request("hi " * 1000))
+    second = await collect(model, request("again"))
+    assert first[0]["message"]["usage"]["input_tokens"] == 1200
+    assert first[0]["message"]["usage"]["cache_read_input_tokens"] == 7
+    assert first[-2]["usage"] == {"output_tokens": 30}
+    assert second[0]["message"]["usage"]["input_tokens"] == 0
+    assert second[-2]["usage"] == {"output_tokens": 5}
+
+
+async def test_unscripted_usage_estimates_the_request_and_the_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    estimated: list[Any] = []
+
+    def estimate(payload: Any) -> int:
+        estimated.append(payload)
+        return 40 + len(estimated)
+
+    monkeypatch.setattr(scripted, "_estimate_tokens", estimate)
+    content = [{"type": "text", "text": "a"}]
+    req = request("hi")
+    events = await collect(ScriptedModel([{"content": content}]), req)
+    assert estimated == [req.messages, content]
+    assert events[0]["message"]["usage"]["input_tokens"] == 41
+    assert events[-2]["usage"] == {"output_tokens": 42}
 
 
 @pytest.mark.parametrize(

@@ -150,9 +150,13 @@ class QueryLoopContext(QueryLoopEnding):
         """Seed 003's gate: a meta nudge to go on, or None to stop (with its completion event)."""
         if run.options.token_budget is None:
             return None
-        decision: TokenBudgetDecision = await self.budget_guard.ask(
-            CheckTokenBudget(global_turn_tokens=run.usage.output_tokens), block=False
-        )
+        decision: TokenBudgetDecision
+        if self.ledger is not None:
+            decision = self.ledger.check_token_budget(run.usage.output_tokens)
+        else:
+            decision = await self.budget_guard.ask(
+                CheckTokenBudget(global_turn_tokens=run.usage.output_tokens), block=False
+            )
         if decision.action == "continue" and decision.nudge_message is not None:
             nudge = UserMessage(content=decision.nudge_message, is_meta=True)
             await self._emit(run, nudge)

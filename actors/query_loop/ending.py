@@ -31,7 +31,7 @@ from queryloop.runtime.loop.transcript import (
 )
 
 if TYPE_CHECKING:
-    from pykka import Future
+    from pykka import ActorRef, Future
 
     from queryloop.runtime.kernel._future import TrioFuture
 
@@ -60,7 +60,9 @@ class QueryLoopEnding(QueryLoopTurns):
         if self.transcript is not None:
             return
         totals = self._settle(run)
-        if totals.done():
+        if isinstance(totals, BudgetStatus):
+            self._send_outcome(run, run.terminal, run.turn_count, totals)
+        elif totals.done():
             self._send_outcome(run, run.terminal, run.turn_count, totals.get_nowait())
 
     def _end_early(self, run: Run, turn: Turn | None, reason: Any) -> Terminal:
@@ -101,33 +103,50 @@ class QueryLoopEnding(QueryLoopTurns):
             # A call cut short was billed for what its stream reported: that spend is kept.
             turn.usage_recorded = True
             run.usage = run.usage + streamed
-            run.unsettled.append(RecordUsage(model=run.model, usage=streamed, query_usage=True))
+            run.unsettled.append((run.model, streamed))
         for message in missing_tool_results(turn.assistant_messages, turn.tool_results, text):
             turn.tool_results.append(message)
             self._emit_now(run, message)
         turn.pending.clear()
 
     async def _stop_workers(self) -> None:
-        """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it."""
+        """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it.
+
+        The ModelCaller's task for the query is told there are no more calls (it ends on its own
+        when it runs next: the stream's end waits for it, `_query`), and is aborted only if it is
+        still in a call."""
         for future in self._stop_workers_soon():
             await future
 
     def _stop_workers_soon(self) -> list[Future[Any]]:
         """Send `Abort` to every busy helper at once; the futures answer once each one's work has unwound."""
         stop = Abort(reason="user")
-        return [
-            worker.ask(stop, block=False)
-            for worker in (self.model_caller, self.executor, self.summarizer, self.compactor)
-            if cast("TrioActorRef[Any]", worker).busy()
-        ]
+        run = self._run
+        workers: list[ActorRef[Any]] = [self.executor]
+        if self._summarizer is not None:
+            workers.append(self._summarizer)
+        if self._compactor is not None:
+            workers.append(self._compactor)
+        if run is None or run.calls.calling or run.calls.serving is None:
+            workers.append(self.model_caller)  # a call in flight (or work not of this query's feed)
+        if run is not None:
+            run.calls.close()  # no more calls in this query: the ModelCaller's task for it ends
+        return [worker.ask(stop, block=False) for worker in workers if cast("TrioActorRef[Any]", worker).busy()]
 
-    def _settle(self, run: Run) -> TrioFuture[BudgetStatus]:
-        """Ask the BudgetGuard for the query's totals, once (it records the `unsettled` calls then).
-
-        The BudgetGuard holds the totals (summaries and compactions report their cost to it). Asked
-        where no handler runs (the loop's task, `_end_now`), it answers before `ask` returns."""
+    def _settle(self, run: Run) -> BudgetStatus | TrioFuture[BudgetStatus]:
+        """The query's totals, the `unsettled` calls accounted first (summaries and compactions have
+        reported their cost already): from the ledger inline where no host budget is set, else asked
+        of the BudgetGuard, once (asked where no handler runs, the loop's task or `_end_now`, it answers
+        before `ask` returns)."""
+        ledger = self.ledger
+        if ledger is not None:
+            for model, usage in run.unsettled:
+                ledger.account(model, usage)
+            run.unsettled.clear()
+            return ledger.status()
         if run.settling is None:
-            run.settling = self.budget_guard.ask(SettleQuery(calls=run.unsettled), block=False)  # type: ignore[assignment]
+            calls = [RecordUsage(model=model, usage=usage, query_usage=True) for model, usage in run.unsettled]
+            run.settling = self.budget_guard.ask(SettleQuery(calls=calls), block=False)  # type: ignore[assignment]
         assert run.settling is not None
         return run.settling
 

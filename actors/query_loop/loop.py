@@ -4,11 +4,13 @@ A `RunQuery` starts the query as *non-abortable* work of this actor: an abort
 must not kill the loop, the loop must end the query itself as seed 000 says:
 what the tools finished, synthetic `Interrupted by user` results for the rest,
 an interruption message unless the reason is `interrupt`, and the `result`
-event. `on_abort` records the reason and cancels the current *phase* (the model
-stream and tool wait, or the stop hooks). Where the loop is waiting on its turn
-(nearly all of a query's life), the ending is written at once, in the abort's own
-call, once its handlers have returned (`_end_now`); elsewhere the loop's task,
-woken by the cancellation, writes it. Both run the same synchronous ending
+event. `on_abort` records the reason and stops what the loop waits on: the
+turn (the model stream and the tools: the loop's wait on its turn channel is
+woken, no cancel scope is needed there, `Run.abort`) or the current *phase*'s
+cancel scope (a summary, a compaction, the stop hooks). Where the loop is waiting
+on its turn (nearly all of a query's life), the ending is written at once, in the
+abort's own call, once its handlers have returned (`_end_now`); elsewhere the
+loop's task, woken by the abort, writes it. Both run the same synchronous ending
 (`_end_early`, `_send_outcome`). The ModelCaller's and the executor's work is
 abortable and is cancelled by the same `Abort` broadcast.
 
@@ -34,12 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BeginQuery
+from queryloop.actors.budget_guard import BeginQuery, BudgetLedger, BudgetStatus
 from queryloop.actors.compactor import ContextConfig, StageCollapse
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE
 from queryloop.actors.query_loop.context import QueryLoopContext
 from queryloop.actors.query_loop.messages import GetConversation, Refused, RunQuery
 from queryloop.actors.query_loop.run import BudgetExceeded, Run
+from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import ContextLimits, collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
@@ -50,15 +53,15 @@ from queryloop.runtime.loop.state import State, Terminal, next_turn, stop_hook_b
 from queryloop.runtime.loop.transcript import build_system_prompt, messages_after_compact_boundary
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import TracebackType
 
     from pykka import ActorRef
 
     from queryloop.actors.budget_guard import BudgetGuard
-    from queryloop.actors.compactor import Compactor
     from queryloop.actors.model_caller import ModelCaller
-    from queryloop.actors.summarizer import HaikuSummarizer
     from queryloop.actors.tool_executor import StreamingToolExecutor
+    from queryloop.runtime.loop.model import ModelProvider
     from queryloop.runtime.loop.persistence import TranscriptLog
 
 
@@ -72,21 +75,25 @@ class QueryLoop(QueryLoopContext):
         *,
         model_caller: ActorRef[ModelCaller],
         executor: ActorRef[StreamingToolExecutor],
-        budget_guard: ActorRef[BudgetGuard],
-        compactor: ActorRef[Compactor],
-        summarizer: ActorRef[HaikuSummarizer],
-        host_capped: bool = False,
+        compact_provider: ModelProvider,
+        summary_provider: ModelProvider,
+        session_dir: Path | None = None,
+        budget_guard: ActorRef[BudgetGuard] | None = None,
         conversation: list[TranscriptMessage] | None = None,
         transcript: TranscriptLog | None = None,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
         self.executor = executor
-        self.budget_guard = budget_guard
-        self.compactor = compactor
-        self.summarizer = summarizer
-        self.host_capped = host_capped
-        """A host-wide budget sits above this session: every call's cost must be checked."""
+        # A `budget_guard` (a host budget sits above the session: every call's cost must be reported) is
+        # asked by message; without one the loop accounts inline and the guard is spawned on first need.
+        self._budget_guard = budget_guard
+        self.ledger = BudgetLedger() if budget_guard is None else None
+        self._compactor = None
+        self._summarizer = None
+        self._compact_provider = compact_provider
+        self._summary_provider = summary_provider
+        self._session_dir = session_dir
         self.conversation: list[TranscriptMessage] = list(conversation or [])
         """Restored (resume) messages are in the log already: only what joins from now on is logged."""
         self.transcript = transcript
@@ -176,14 +183,23 @@ class QueryLoop(QueryLoopContext):
         run = self._run
         assert run is not None
         try:
-            self.budget_guard.tell(
-                BeginQuery(
-                    max_budget_usd=run.options.max_budget_usd,
-                    token_budget=run.options.token_budget,
-                    model=run.options.model,
-                    pricing=run.options.pricing,
+            options = run.options
+            if self.ledger is not None:
+                self.ledger.begin_query(
+                    max_budget_usd=options.max_budget_usd,
+                    token_budget=options.token_budget,
+                    model=options.model,
+                    pricing=options.pricing,
                 )
-            )
+            else:
+                self.budget_guard.tell(
+                    BeginQuery(
+                        max_budget_usd=options.max_budget_usd,
+                        token_budget=options.token_budget,
+                        model=options.model,
+                        pricing=options.pricing,
+                    )
+                )
             self._record(message.prompt)
             state = State(messages=list(self.conversation))
             if run.options.memory_prefetch is None:
@@ -194,19 +210,26 @@ class QueryLoop(QueryLoopContext):
                     terminal, state = await self._run_loop(run, state)
                     # Disposed on every exit path, as the reference's `using` does.
                     prefetch.cancel_scope.cancel()
+            run.calls.close()  # no more model calls: the ModelCaller's task for this query ends when it runs
             run.control.decided = True
             if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
                 await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
-                totals = await self._settle(run)
+                settled = self._settle(run)
+                totals = settled if isinstance(settled, BudgetStatus) else await settled
                 self._send_outcome(run, terminal, terminal.turn_count or state.turn_count, totals)
             await self._stop_workers()  # before the stream ends: then no task of the session runs
+        except SessionClosed:
+            # A helper could not be spawned: the session is closing, and its stop is cancelling this work.
+            pass
         finally:
             self._run = None
             run.control.ended.set()
             queued, self._queued = self._queued, None
             if queued is not None:
                 self._submit(queued)
-            run.sink.close()  # the last statement: when the consumer sees the end, this work is done
+            # The last statement: when the consumer sees the end, this work is done, and so is the
+            # ModelCaller's task for the query (the stream ends when it has, if it has not yet).
+            run.calls.close(then=run.sink.close)
 
     async def _run_loop(self, run: Run, state: State) -> tuple[Terminal, State]:
         try:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetStatus, RecordUsage
+from queryloop.actors.budget_guard import BudgetStatus
 from queryloop.actors.compactor import ContextConfig
-from queryloop.actors.model_caller import CallEnded, CallProgress
+from queryloop.actors.model_caller import CallEnded, CallFeed, CallProgress
 from queryloop.actors.query_loop.messages import QueryControl
 from queryloop.actors.tool_executor import ToolResult
 from queryloop.runtime.kernel.flow import EventChannel
@@ -24,6 +24,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import ContinueReason, Terminal
+from queryloop.runtime.loop.transcript import IncrementalNormalizer, user_context_message
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -70,10 +71,12 @@ class Run:
     tools: dict[str, Any]
     started: float
     context: ContextConfig
+    calls: CallFeed = field(default_factory=CallFeed)
+    """The query's model calls, to the ModelCaller's one task for this query."""
     transitions: list[ContinueReason] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
-    unsettled: list[RecordUsage] = field(default_factory=list)
-    """Calls of an uncapped query, reported to the BudgetGuard in one message at the end."""
+    unsettled: list[tuple[str, Usage]] = field(default_factory=list)
+    """Calls of an uncapped query (model, usage), accounted in one go when the query settles."""
     cost_usd: float = 0.0
     last_stop_reason: str | None = None
     last_text: str = ""
@@ -99,15 +102,31 @@ class Run:
     memory_used: bool = False
     hook_errors: list[str] = field(default_factory=list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own."""
+    normalizer: IncrementalNormalizer = field(default_factory=IncrementalNormalizer)
+    """Each request's `messages`: the previous request's, and only what is new normalised (`_request`)."""
+    context_message: UserMessage | None = field(init=False)
+    """The user context's message, made once: the same object heads every request's messages, so that
+    `normalizer` finds them unchanged."""
+
+    def __post_init__(self) -> None:
+        self.context_message = user_context_message(self.options.user_context)
 
     def abort(self, reason: AbortReason) -> None:
+        """Record the abort; cancel the phase in flight, or wake the loop waiting on its turn."""
         self.control.request_abort(reason)
         if self.phase is not None:
             self.phase.cancel()
+        if self.turn is not None:
+            self.turn.channel.wake_receiver()  # the model phase has no cancel scope: it looks at the abort
 
 
 class Phase:
-    """`QueryLoop._phase`: the scope of the phase in flight, where `Run.abort` finds it."""
+    """`QueryLoop._phase`: the scope of the phase in flight, where `Run.abort` finds it.
+
+    For the phases that await code of others (a summary, a compaction, the stop hooks). The model
+    phase, in every turn, has none: its only wait is on the turn channel, which `Run.abort` wakes
+    (measured: one scope fewer per model call saved about 35 µs of CPU per loop of workload W at C=1,
+    about 4 %)."""
 
     __slots__ = ("_run", "_scope")
 

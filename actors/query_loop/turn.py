@@ -1,8 +1,10 @@
 """The turn: one model call and its tools, and the emission of what they produce.
 
-`QueryLoopTurns` holds the QueryLoop's state (its helpers, the conversation, the transcript log)
-and runs the model phase: it starts the call on the ModelCaller, waits on the turn's channel, and
-dispatches each item (assistant messages, tool results, progress, the call's end) as it arrives.
+`QueryLoopTurns` holds the QueryLoop's state (its helpers, spawned on first need, the budget ledger,
+the conversation, the transcript log) and runs the model phase: it hands the call to the ModelCaller's
+task for the query (`CallFeed`), waits on the turn's channel, and dispatches each item (assistant
+messages, tool results, progress, the call's end) as it arrives. That wait has no cancel scope: an
+abort wakes it (`Run.abort`) and the loop stops dispatching; the ending takes what is left.
 Every event a query emits goes through `_emit` (may wait for a slow consumer) or `_emit_now`
 (for an ending, never waits); a transcript message joins the conversation as it is emitted.
 """
@@ -13,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetStatus, RecordUsage
+from queryloop.actors.budget_guard import BudgetGuard, BudgetLedger, BudgetStatus, RecordUsage
+from queryloop.actors.compactor import Compactor
 from queryloop.actors.model_caller import CallEnded, ConsumerGone, StartCall
 from queryloop.actors.query_loop.messages import RunQuery
 from queryloop.actors.query_loop.run import (
@@ -27,7 +30,9 @@ from queryloop.actors.query_loop.run import (
     task_budget_of,
     turn_done,
 )
+from queryloop.actors.summarizer import HaikuSummarizer
 from queryloop.actors.tool_executor import BeginTurn, Discard, ToolResult
+from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.events import (
@@ -38,18 +43,18 @@ from queryloop.runtime.loop.events import (
     SystemMessage,
     TombstoneEvent,
     TranscriptMessage,
+    Usage,
 )
-from queryloop.runtime.loop.model import ModelError, ModelRequest
+from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.state import State
-from queryloop.runtime.loop.transcript import normalize_messages_for_api, strip_signature_blocks, user_context_message
+from queryloop.runtime.loop.transcript import strip_signature_blocks
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pykka import ActorRef
 
-    from queryloop.actors.budget_guard import BudgetGuard
-    from queryloop.actors.compactor import Compactor
     from queryloop.actors.model_caller import ModelCaller
-    from queryloop.actors.summarizer import HaikuSummarizer
     from queryloop.actors.tool_executor import StreamingToolExecutor
     from queryloop.runtime.loop.persistence import TranscriptLog
 
@@ -62,14 +67,49 @@ class QueryLoopTurns(TrioActor):
 
     model_caller: ActorRef[ModelCaller]
     executor: ActorRef[StreamingToolExecutor]
-    budget_guard: ActorRef[BudgetGuard]
-    compactor: ActorRef[Compactor]
-    summarizer: ActorRef[HaikuSummarizer]
-    host_capped: bool
+    ledger: BudgetLedger | None
+    """The session's budget accounting, kept here (inline) where no host budget is set; else None and the
+    BudgetGuard, an actor from the start, is asked."""
+    _budget_guard: ActorRef[BudgetGuard] | None
+    _compactor: ActorRef[Compactor] | None
+    _summarizer: ActorRef[HaikuSummarizer] | None
+    _compact_provider: ModelProvider
+    _summary_provider: ModelProvider
+    _session_dir: Path | None
     conversation: list[TranscriptMessage]
     transcript: TranscriptLog | None
     _run: Run | None
     _queued: RunQuery | None
+
+    # -- the helpers, spawned on first need ------------------------------------------------
+
+    @property
+    def budget_guard(self) -> ActorRef[BudgetGuard]:
+        """The session's BudgetGuard; where no host budget is set, spawned on first need around `ledger`."""
+        guard = self._budget_guard
+        if guard is None:
+            guard = self._budget_guard = self.supervisor.spawn(BudgetGuard, ledger=self.ledger)
+        return guard
+
+    @property
+    def compactor(self) -> ActorRef[Compactor]:
+        """The session's Compactor, spawned on first need (a session whose context never needs it has none)."""
+        compactor = self._compactor
+        if compactor is None:
+            compactor = self._compactor = self.supervisor.spawn(
+                Compactor, self._compact_provider, budget_guard=self.budget_guard, session_dir=self._session_dir
+            )
+        return compactor
+
+    @property
+    def summarizer(self) -> ActorRef[HaikuSummarizer]:
+        """The session's HaikuSummarizer, spawned on first need (tool-use summaries only)."""
+        summarizer = self._summarizer
+        if summarizer is None:
+            summarizer = self._summarizer = self.supervisor.spawn(
+                HaikuSummarizer, self._summary_provider, budget_guard=self.budget_guard
+            )
+        return summarizer
 
     async def _model_phase(
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
@@ -113,42 +153,47 @@ class QueryLoopTurns(TrioActor):
             can_use_tool=options.can_use_tool,
             post_tool_use_hooks=options.post_tool_use_hooks,
         )
-        self.model_caller.tell(
-            StartCall(
-                request=self._request(run, state, messages_for_query),
-                sink=channel,
-                events=run.sink,
-                progress=turn.progress,
-                turn=turn_setting,
-                max_retries=options.max_retries,
-                fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
-            )
+        call = StartCall(
+            request=self._request(run, state, messages_for_query),
+            sink=channel,
+            events=run.sink,
+            progress=turn.progress,
+            turn=turn_setting,
+            max_retries=options.max_retries,
+            fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
+            feed=run.calls,
         )
+        if run.calls.accepting:
+            run.calls.feed(call)  # to the ModelCaller's task for this query: no message, no new task
+        else:
+            self.model_caller.tell(call)  # the query's first call (or the first since an abort cut its task)
+        # No cancel scope: an abort wakes the wait below (`Run.abort`), and the loop stops dispatching at
+        # once; what the turn still holds is taken by the ending (`_drain_in_ending`). The only other waits
+        # here are shielded (a slow consumer, a transcript flush) or a host budget's answer, which the
+        # abort cancels too.
         items = channel.items
-        with self._phase(run):
-            while not turn_done(turn) and run.terminal is None:
-                if not items:
-                    run.waiting = True
-                    try:
-                        await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
-                    finally:
-                        run.waiting = False
-                    continue
-                await self._dispatch(run, turn, channel.take())
+        control = run.control
+        while not turn_done(turn) and run.terminal is None and control.abort_reason is None:
+            if not items:
+                run.waiting = True
+                try:
+                    await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
+                finally:
+                    run.waiting = False
+                continue
+            await self._dispatch(run, turn, channel.take())
         return turn
 
     def _request(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
-        messages = messages_for_query
-        context = user_context_message(run.options.user_context)
-        if context is not None:
-            messages = [context, *messages]
+        context = run.context_message
+        messages = messages_for_query if context is None else [context, *messages_for_query]
         # Built from parts that are already valid: validating would copy every message dict again.
         # (For small models validation is the cheaper path: pydantic-core's __init__ costs about half
         # of the pure-Python model_construct. Only lists of dicts or messages are worth skipping.)
         return ModelRequest.model_construct(
             model=run.model,
             system=run.system,
-            messages=normalize_messages_for_api(messages),
+            messages=run.normalizer.normalize(messages),  # only what is new since the last call (its docstring)
             tools=run.tool_schemas,
             max_tokens=state.max_output_tokens_override or run.options.max_output_tokens,
             thinking=run.options.thinking,
@@ -170,17 +215,28 @@ class QueryLoopTurns(TrioActor):
             for message in accept_result(run, turn, item):
                 await self._emit(run, message, of_turn=turn)
         elif kind is CallEnded:
-            record = self._end_call(run, turn, item)
+            usage = self._end_call(run, turn, item)
             # The response is whole: make it durable before its tools (which may run long) finish.
             await self._flush_transcript()
-            if record is None:
+            if usage is None:
                 return
-            if run.options.max_budget_usd is None and not self.host_capped:
-                run.unsettled.append(record)  # no cap to check: settled once, when the query ends
+            ledger = self.ledger
+            if run.options.max_budget_usd is None and ledger is not None:
+                run.unsettled.append((run.model, usage))  # no cap to check: accounted once, when the query ends
                 return
-            status: BudgetStatus = await self.budget_guard.ask(record, block=False)
-            run.cost_usd = status.query_cost_usd
-            if status.exceeded:
+            if ledger is not None:  # capped by the query alone: checked here, inline
+                ledger.account(run.model, usage)
+                run.cost_usd, exceeded = ledger.query_cost_usd, ledger.query_cap_reached()
+            else:  # a host budget sits above the session: its BudgetGuard is asked
+                record = RecordUsage(model=run.model, usage=usage, query_usage=True)
+                try:
+                    status: BudgetStatus = await self.budget_guard.ask(record, block=False)
+                except WorkCancelled:
+                    if run.control.abort_reason is None:
+                        raise
+                    return  # the abort cut the host's answer: the call is recorded, the query ends aborted
+                run.cost_usd, exceeded = status.query_cost_usd, status.exceeded
+            if exceeded:
                 run.budget_exceeded = True
                 if not run.ending:
                     raise BudgetExceeded
@@ -199,15 +255,15 @@ class QueryLoopTurns(TrioActor):
                 for message in accept_result(run, turn, item):
                     self._emit_now(run, message, of_turn=turn)
             elif kind is CallEnded:
-                record = self._end_call(run, turn, item)
-                if record is not None:
-                    run.unsettled.append(record)
+                usage = self._end_call(run, turn, item)
+                if usage is not None:
+                    run.unsettled.append((run.model, usage))
             elif kind is ConsumerGone:
                 run.consumer_open = False
             else:  # progress and system messages produced before the cut
                 self._emit_now(run, item)
 
-    def _end_call(self, run: Run, turn: Turn, ended: CallEnded) -> RecordUsage | None:
+    def _end_call(self, run: Run, turn: Turn, ended: CallEnded) -> Usage | None:
         """The call's last item: its response is whole; the usage to record, if it reached its end."""
         turn.ended = ended
         self._close_response(turn)
@@ -216,7 +272,7 @@ class QueryLoopTurns(TrioActor):
         run.last_stop_reason = ended.stop_reason
         turn.usage_recorded = True
         run.usage = run.usage + ended.usage
-        return RecordUsage(model=run.model, usage=ended.usage, query_usage=True)
+        return ended.usage
 
     def _close_response(self, turn: Turn) -> None:
         """The response has no more blocks: the results held back join the conversation after it."""

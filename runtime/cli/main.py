@@ -410,7 +410,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(prompt=None, model=None, base_url=None, system=None, max_turns=None)
     scenario = commands.add_parser("scenario", help="run a scenario file and print its JSON verdict")
     scenario.add_argument("file")
-    commands.add_parser("bench", help="benchmarks: queryloop bench kernel|loops|abort|scale ...", add_help=False)
+    commands.add_parser("bench", help="benchmarks: queryloop bench kernel|loops|abort|scale|stream ...", add_help=False)
     return parser
 
 

@@ -21,8 +21,8 @@ live sessions: a pause of 100–260 ms at a thousand sessions (`bench abort
 --concurrency 1000`: two such pauses in eight rounds set that run's p99), for
 little garbage.
 
-The benchmarks open their runtimes with `tune_gc=True` (`--no-tune-gc` to compare) and leave
-their baseline loop at Python's defaults, so their ratios count this as the runtime's own.
+The benchmarks open their runtimes with `tune_gc=True` and run their baselines under the same
+thresholds (and report the pair at Python's defaults too), so their ratios compare like with like.
 The young threshold is raised only when it is lower, the old one only when it is lower;
 both are put back when the last runtime that asked for them closes (unless someone changed
 them meanwhile).

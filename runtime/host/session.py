@@ -1,11 +1,15 @@
 """`Session` and `QueryHandle`: the public face of one agent loop.
 
-A session is one actor group (QueryLoop, ModelCaller, StreamingToolExecutor,
-BudgetGuard; the Compactor and HaikuSummarizer join with context management)
-holding one conversation. `session.query(prompt)` submits a user message and
-returns a `QueryHandle`: a view over the bounded trio channel the QueryLoop
-feeds, never an async generator owning a nursery, so a consumer that stops early
-cannot corrupt a cancel scope (trio #638). Closing the handle, or dropping it
+A session is one actor group holding one conversation: the QueryLoop, the
+ModelCaller and the StreamingToolExecutor from the start; the Compactor, the
+HaikuSummarizer and the BudgetGuard spawned by the QueryLoop on first need (the
+BudgetGuard from the start under a host budget; without one the loop accounts
+inline). An abort reaches every actor alive at that moment.
+
+`session.query(prompt)` submits a user message and returns a `QueryHandle`: a
+view over the bounded trio channel the QueryLoop feeds, never an async generator
+owning a nursery, so a consumer that stops early cannot corrupt a cancel scope
+(trio #638). Closing the handle, or dropping it
 before the end, aborts the query (reason `user`) and leaves the session usable.
 """
 

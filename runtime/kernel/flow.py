@@ -18,6 +18,8 @@ are schedule points even when the item could move at once. Here:
 * One consumer: it reads the buffer `items` and `take()`s from it, and calls
   `wait()` only on an empty buffer: a burst costs one wakeup and no call per item
   to wait.
+* `wake_receiver()` wakes a consumer waiting in `wait()` with nothing new (the QueryLoop's
+  wait on its turn, which an abort wakes instead of cancelling a scope).
 * `close()` (the producer side's end) lets the consumer drain what is buffered, after
   which `wait()` answers False; `close_receiver()` (the consumer went away)
   makes every send raise `trio.BrokenResourceError`, waiting ones included.
@@ -141,6 +143,14 @@ class EventChannel(Generic[T]):
 
         await wait_task_rescheduled(abort)
         return bool(self.items)
+
+    def wake_receiver(self) -> None:
+        """Wake the consumer if it waits in `wait()`, with nothing new (its `wait` then answers whether
+        anything is buffered): for a consumer that also has something else to look at, an abort say."""
+        receiver = self._receiver
+        if receiver is not None:
+            self._receiver = None
+            reschedule(receiver)
 
     def close_receiver(self) -> None:
         """The consumer is gone: every send from now on (and every waiting one) raises `BrokenResourceError`."""

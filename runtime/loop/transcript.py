@@ -9,6 +9,9 @@ synthesized, an orphan result dropped, both logged: they would be a 400).
 
 `transcript_problems` checks the same property *without* repairing anything:
 the tests and the scenario verdict use it, so a bug cannot hide behind the repair.
+
+`IncrementalNormalizer` gives the same result as `normalize_messages_for_api` for a conversation
+that grows between calls, normalising only what is new (the QueryLoop keeps one per query).
 """
 
 from __future__ import annotations
@@ -150,10 +153,20 @@ def _api_blocks(message: TranscriptMessage) -> tuple[str, list[Block]] | None:
     return None  # system messages are for the user only
 
 
+_Part = tuple[str, list[Block]] | None
+
+
 def _merge(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
+    return _merge_parts([_api_blocks(m) for m in messages])
+
+
+def _merge_parts(parts: list[_Part]) -> list[dict[str, Any]]:
+    """Consecutive same-role parts joined into one message (tool results first in a user message).
+
+    The parts' block lists become the messages' content: each part must be fresh (`_api_blocks` makes it so).
+    """
     merged: list[dict[str, Any]] = []
-    for message in messages:
-        part = _api_blocks(message)
+    for part in parts:
         if part is None:
             continue
         role, blocks = part
@@ -172,7 +185,11 @@ def _merge(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
 
 def normalize_messages_for_api(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
     """The Messages API `messages` for this transcript, paired and alternating (see module doc)."""
-    merged = _merge(messages)
+    return _pair(_merge(messages))
+
+
+def _pair(merged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every tool_use answered once by the message after it, empty messages dropped, roles re-alternated."""
     paired: list[dict[str, Any]] = []
     for index, message in enumerate(merged):
         if message["role"] == "assistant":
@@ -225,6 +242,105 @@ def _realternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             out.append(message)
     return out
+
+
+class IncrementalNormalizer:
+    """`normalize_messages_for_api` for a conversation that grows between calls, normalising only what is new.
+
+    It returns exactly what `normalize_messages_for_api(messages)` returns, but each call puts through
+    the per-message normalisation only the messages from its last *checkpoint* on, and the checkpoint
+    moves forward as the conversation grows.
+
+    A checkpoint is the index of an *opener*: an assistant message that is sent and whose previous sent
+    message is a user message, or that has none (system messages, API-error messages and the attachments
+    the model does not see are not sent). An opener cuts the normalisation into two independent halves:
+    merging never joins across it (the roles differ); a user message's pairing looks only at the
+    assistant message just before it (on its own side), and an assistant message's only at whether
+    anything follows it (something does, on its own side: the first half ends with a user message); the
+    last step, re-alternation once empty messages are dropped, is a left fold whose only state is the last
+    message it made. So the normalisation of `m` is that of `m[:c]` followed by that of `m[c:]`, except
+    that where the two meet on one role their two messages are one (`_join_into`). Appending to `m` never
+    makes an opener stop being one: that depends only on the opener and what precedes it.
+
+    State: `_kept`, a copy of the messages up to the opener at the checkpoint, the opener included (empty
+    while there is no checkpoint past 0), and `_frozen`, the normalisation of the messages before it.
+
+    Invariant: `_frozen == normalize_messages_for_api(_kept[:-1])` and `_kept[-1]` is an opener in
+    `_kept`; no dict of `_frozen` is changed once built (a join makes a new one), so the requests built
+    earlier keep the messages they were given.
+
+    A call whose `messages` does not begin with `_kept` starts again from nothing (`restarts`): a
+    compaction replaced the history, a fallback stripped thinking blocks, a tombstone retracted a message,
+    microcompact or a collapse rewrote an older one, or the opener itself was replaced. The comparison is
+    list equality, which CPython makes identity first per element (pointer compares, a few ns a message);
+    two distinct messages are equal only if all their fields are, and then they normalise the same, so
+    equality is as sound as identity. Otherwise the call normalises `messages` from the opener on, in two
+    pieces cut at their last opener, joins the first onto `_frozen` (the checkpoint moves to that opener)
+    and returns a new list: `_frozen` joined with the second.
+
+    Cost of a call: the per-message normalisation of what was appended since the previous call and of
+    what that call had after its last opener (in the loop: the last response, its tool results and
+    attachments), and O(n) pointer work for the comparison and the returned list. A restart costs what
+    `normalize_messages_for_api` does. Warnings about repaired results are logged when their messages
+    are normalised, so once or twice, not at every request.
+    """
+
+    __slots__ = ("_frozen", "_kept", "restarts")
+
+    def __init__(self) -> None:
+        self._kept: list[TranscriptMessage] = []
+        self._frozen: list[dict[str, Any]] = []
+        self.restarts = 0
+        """Calls that found the history before the checkpoint changed, and normalised every message again."""
+
+    def normalize(self, messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
+        """`normalize_messages_for_api(messages)`, a new list (its dicts may be shared with earlier results)."""
+        kept = self._kept
+        if kept and (len(messages) < len(kept) or messages[: len(kept)] != kept):
+            self._kept, self._frozen = [], []
+            kept = self._kept
+            self.restarts += 1
+        start = len(kept) - 1 if kept else 0
+        window = messages[start:] if start else messages
+        parts = [_api_blocks(m) for m in window]
+        cut = _last_checkpoint(parts)
+        frozen = self._frozen
+        if cut:
+            _join_into(frozen, _pair(_merge_parts(parts[:cut])))
+            kept[start:] = window[: cut + 1]
+            del parts[:cut]
+        rest = _pair(_merge_parts(parts))
+        if not frozen:
+            return rest
+        out = list(frozen)
+        _join_into(out, rest)
+        return out
+
+
+def _last_checkpoint(parts: list[_Part]) -> int:
+    """The index of the last opener's part (`IncrementalNormalizer`), else 0.
+
+    The window's first sent part is an opener if it is an assistant's: the window starts at an opener or at 0.
+    """
+    checkpoint = 0
+    previous: str | None = None
+    for index, part in enumerate(parts):
+        if part is None:
+            continue
+        role = part[0]
+        if role == "assistant" and previous != "assistant":
+            checkpoint = index
+        previous = role
+    return checkpoint
+
+
+def _join_into(head: list[dict[str, Any]], tail: list[dict[str, Any]]) -> None:
+    """`head` followed by `tail`, two messages of one role where they meet made one (a new dict)."""
+    if head and tail and head[-1]["role"] == tail[0]["role"]:
+        head[-1] = {"role": tail[0]["role"], "content": [*head[-1]["content"], *tail[0]["content"]]}
+        head.extend(tail[1:])
+    else:
+        head.extend(tail)
 
 
 def transcript_problems(messages: list[TranscriptMessage]) -> list[str]:

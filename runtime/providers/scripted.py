@@ -67,7 +67,10 @@ def _estimate_tokens(payload: Any) -> int:
 
 
 def reply_events(reply: ScriptedReply, *, model: str, message_id: str, input_tokens: int) -> list[dict[str, Any]]:
-    """The full event sequence of a reply, as the Messages API streams it."""
+    """The full event sequence of a reply, as the Messages API streams it.
+
+    Its usage is the scripted one; without one, `input_tokens` and an estimate of the reply's output.
+    """
     usage = reply.usage or ScriptedUsage(input_tokens=input_tokens, output_tokens=_estimate_tokens(reply.content))
     events: list[dict[str, Any]] = [
         {
@@ -202,11 +205,10 @@ class ScriptedModel:
             for event in events[: entry.after_events]:
                 yield event
             raise scripted_error(entry)
+        # The estimate dumps the whole request to JSON: only a reply whose usage is not scripted uses it.
+        input_tokens = _estimate_tokens(request.messages) if entry.usage is None else 0
         events = reply_events(
-            entry,
-            model=request.model,
-            message_id=f"msg_{self.name}_{number + 1}",
-            input_tokens=_estimate_tokens(request.messages),
+            entry, model=request.model, message_id=f"msg_{self.name}_{number + 1}", input_tokens=input_tokens
         )
         for event in events:
             if half and event["type"] == "message_delta":

@@ -1,0 +1,78 @@
+"""The benchmarks measure what docs/benchmarks.md says: tiny runs of `python -m bench`, and the collector meter."""
+
+from __future__ import annotations
+
+import gc
+import json
+import pstats
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.__main__ import main as bench_main
+from bench.collector import GcMeter, gc_setting
+from queryloop.runtime.host import _gc
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert bench_main(list(argv)) == 0
+    result: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return result
+
+
+def test_the_meter_counts_tracked_objects_kept_alive_and_not_those_freed_between_collections() -> None:
+    with GcMeter() as kept:
+        alive: list[list[int]] = [[] for _ in range(50_000)]  # a tracked list each, all alive at the end
+    with GcMeter() as churned:
+        for _ in range(50_000):
+            _ = []  # freed at once: the collector's counter goes up and down again
+    assert 49_000 <= kept.tracked <= 51_000
+    assert sum(kept.collections) >= 1 and kept.cpu > 0
+    assert abs(churned.tracked) < 100
+    assert len(alive) == 50_000
+
+
+def test_gc_setting_applies_the_runtimes_thresholds_and_puts_the_process_ones_back() -> None:
+    before = gc.get_threshold()
+    with gc_setting(True) as tuned:
+        assert tuned[0] == max(before[0], _gc.YOUNG_THRESHOLD)
+        assert tuned[2] == max(before[2], _gc.OLD_THRESHOLD)
+    assert gc.get_threshold() == before
+    with gc_setting(False) as untuned:
+        assert untuned == before
+
+
+def test_bench_loops_reports_both_gc_pairs_with_the_same_settings_on_both_sides(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    profile = tmp_path / "loops.prof"
+    result = _run(capsys, "loops", "--concurrency", "5", "--rounds", "1", "--profile", str(profile))
+    for name in ("throughput_ratio", "throughput_ratio_untuned", "gc_share", "gc_share_untuned"):
+        assert result[name] >= 0, name
+    for name in ("tracked_per_loop", "baseline_tracked_per_loop", "in_flight_per_loop", "baseline_in_flight_per_loop"):
+        assert name in result, name
+    assert result["gc_thresholds"][0] >= _gc.YOUNG_THRESHOLD
+    assert result["gc_thresholds_untuned"] == list(gc.get_threshold())
+    assert pstats.Stats(str(profile)).get_stats_profile().func_profiles  # a profile pstats opens
+    only = _run(capsys, "loops", "--concurrency", "5", "--rounds", "1", "--no-tune-gc")
+    assert "throughput_ratio" not in only and only["throughput_ratio_untuned"] > 0
+
+
+def test_bench_abort_runs_both_pairs_without_violations(capsys: pytest.CaptureFixture[str]) -> None:
+    load = ["--concurrency", "5", "--model-ms", "2", "--tool-ms", "2", "--loops-per-slot", "2"]
+    result = _run(capsys, "abort", *load, "--rounds", "1")
+    assert result["violations"] == 0 and result["leftover_tasks"] == 0
+    assert "abort_p99_ratio" in result and "abort_p99_ratio_untuned" in result
+
+
+def test_bench_stream_reports_events_per_second_and_growth(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    profile = tmp_path / "stream.prof"
+    cells = ["--deltas", "10,40", "--sessions", "1,3", "--rounds", "1", "--min-events", "0"]
+    result = _run(capsys, "stream", *cells, "--profile", str(profile))
+    assert result["sessions"] == 3 and result["deltas"] == 10
+    for name in ("paced_events_per_s", "burst_events_per_s", "baseline_paced_events_per_s", "paced_events_per_cpu_s"):
+        assert result[name] > 0, name
+    assert result["per_event_growth"] > 0 and result["growth_deltas"] == [10, 40]
+    assert len(result["cells"]) == 8
+    assert pstats.Stats(str(profile)).get_stats_profile().func_profiles  # a profile pstats opens
