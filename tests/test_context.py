@@ -6,8 +6,6 @@ Every step must keep each `tool_use` paired with its `tool_result`: the checks u
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,23 +38,12 @@ from queryloop.runtime.loop.events import (
     UserMessage,
 )
 from queryloop.runtime.loop.transcript import messages_after_compact_boundary, transcript_problems
+from tests.blocks import text, tool_result, tool_use
 
 MODEL = "claude-sonnet-4-5"
 
 
 # -- builders ---------------------------------------------------------------------------------
-
-
-def text(value: str) -> Block:
-    return {"type": "text", "text": value}
-
-
-def tool_use(tool_id: str, name: str = "read", tool_input: dict[str, Any] | None = None) -> Block:
-    return {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input or {"path": tool_id}}
-
-
-def tool_result(tool_id: str, content: str | list[Block] = "ok", *, is_error: bool = False) -> Block:
-    return {"type": "tool_result", "tool_use_id": tool_id, "content": content, "is_error": is_error}
 
 
 def assistant(*blocks: Block | str, mid: str = "msg_1", usage: Usage | None = None) -> AssistantMessage:

@@ -34,6 +34,7 @@ from queryloop.runtime.loop.transcript import (
     strip_signature_blocks,
     user_context_message,
 )
+from tests.blocks import text, tool_result, tool_use
 from tests.helpers import assert_settled, run_query, scripted_tool, text_reply, tools_reply
 from tests.helpers import tool_use as scripted_use
 
@@ -41,18 +42,6 @@ from tests.helpers import tool_use as scripted_use
 
 IDS = ["t1", "t2", "t3", "t4"]
 """Few ids: duplicate, orphan and missing results are frequent."""
-
-
-def text(value: str) -> Block:
-    return {"type": "text", "text": value}
-
-
-def tool_use(tool_id: str) -> Block:
-    return {"type": "tool_use", "id": tool_id, "name": "read", "input": {"path": tool_id}}
-
-
-def tool_result(tool_id: str, content: str = "ok") -> Block:
-    return {"type": "tool_result", "tool_use_id": tool_id, "content": content, "is_error": False}
 
 
 def thinking(value: str) -> Block:

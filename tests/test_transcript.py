@@ -27,20 +27,11 @@ from queryloop.runtime.loop.transcript import (
     transcript_problems,
     user_context_message,
 )
+from tests.blocks import text
+from tests.blocks import tool_result as tr
+from tests.blocks import tool_use as tu
 
 MISSING = "<tool_use_error>Tool result missing</tool_use_error>"
-
-
-def text(value: str) -> Block:
-    return {"type": "text", "text": value}
-
-
-def tu(tool_id: str) -> Block:
-    return {"type": "tool_use", "id": tool_id, "name": "read", "input": {"path": tool_id}}
-
-
-def tr(tool_id: str, content: str = "ok") -> Block:
-    return {"type": "tool_result", "tool_use_id": tool_id, "content": content, "is_error": False}
 
 
 def u(*blocks: Block | str) -> UserMessage:
