@@ -34,12 +34,10 @@ recovery instead of emitting it. A fallback request ends the call with
 from __future__ import annotations
 
 import random
-from collections import deque
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import trio
-from trio.lowlevel import Abort, RaiseCancelT, Task, current_task, reschedule, wait_task_rescheduled
 
 from queryloop.actors.tool_executor import AddTool, BeginTurn
 from queryloop.runtime.kernel.actor import TrioActor
@@ -107,12 +105,10 @@ class CallFeed:
     `next_call`, which waits for the loop's next call without a checkpoint when one is queued.
     """
 
-    __slots__ = ("_calls", "_closed", "_on_served", "_waiter", "calling", "serving")
+    __slots__ = ("_calls", "_on_served", "calling", "serving")
 
     def __init__(self) -> None:
-        self._calls: deque[StartCall] = deque()
-        self._closed = False
-        self._waiter: Task | None = None
+        self._calls = EventChannel[StartCall](1)  # a few calls per query, each `push`ed: the bound never waits
         self._on_served: Callable[[], None] | None = None
         self.serving: trio.CancelScope | None = None
         """The cancel scope of the ModelCaller's task serving this feed (None: no task serves it)."""
@@ -123,26 +119,24 @@ class CallFeed:
     def accepting(self) -> bool:
         """A task serves the feed and no abort has cut it: a call `feed` to it will be run."""
         serving = self.serving
-        return serving is not None and not serving.cancel_called and not self._closed
+        return serving is not None and not serving.cancel_called and not self._calls.closed
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._calls.closed
 
     @property
     def queued(self) -> bool:
         """A call is waiting in the feed for the serving task."""
-        return bool(self._calls)
+        return bool(self._calls.items)
 
     def feed(self, call: StartCall) -> None:
         """The next call of the query, to the task serving the feed (`accepting` must be True)."""
-        self._calls.append(call)
-        self._wake()
+        self._calls.push(call)
 
     def close(self, then: Callable[[], None] | None = None) -> None:
         """No more calls: the serving task ends. `then()` runs once no task serves the feed (now if none does)."""
-        self._closed = True
-        self._wake()
+        self._calls.close()
         if then is not None:
             if self.serving is None:
                 then()
@@ -151,17 +145,8 @@ class CallFeed:
 
     async def next_call(self) -> StartCall | None:
         """The ModelCaller's side: the next call, or None once the feed is closed and drained."""
-        while not self._calls:
-            if self._closed:
-                return None
-            self._waiter = current_task()
-
-            def abort(_: RaiseCancelT) -> Abort:
-                self._waiter = None
-                return Abort.SUCCEEDED
-
-            await wait_task_rescheduled(abort)
-        return self._calls.popleft()
+        calls = self._calls
+        return calls.take() if await calls.wait() else None
 
     def served(self) -> None:
         """The ModelCaller's side: the task serving the feed has ended."""
@@ -169,12 +154,6 @@ class CallFeed:
         then, self._on_served = self._on_served, None
         if then is not None:
             then()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            reschedule(waiter)
 
 
 @record

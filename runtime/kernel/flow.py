@@ -109,6 +109,11 @@ class EventChannel(Generic[T]):
 
         await wait_task_rescheduled(abort)  # raises BrokenResourceError if the consumer went away meanwhile
 
+    @property
+    def closed(self) -> bool:
+        """The producer side has ended (`close`)."""
+        return self._closed
+
     def close(self) -> None:
         """No more items: the consumer gets what is buffered, then `EndOfChannel`."""
         self._closed = True
