@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from queryloop.runtime.kernel._future import TrioFuture
 
 
+_STOP_HELPERS = Abort(reason="user")
+"""What stops the helpers' work at a query's end: frozen, so made once (validated, as supervisor mail is)."""
+
+
 class QueryLoopEnding(QueryLoopTurns):
     """Endings of a query: see the module docstring."""
 
@@ -120,7 +124,6 @@ class QueryLoopEnding(QueryLoopTurns):
 
     def _stop_workers_soon(self) -> list[Future[Any]]:
         """Send `Abort` to every busy helper at once; the futures answer once each one's work has unwound."""
-        stop = Abort(reason="user")
         run = self._run
         workers: list[ActorRef[Any]] = [self.executor]
         if self._summarizer is not None:
@@ -131,7 +134,9 @@ class QueryLoopEnding(QueryLoopTurns):
             workers.append(self.model_caller)  # a call in flight (or work not of this query's feed)
         if run is not None:
             run.calls.close()  # no more calls in this query: the ModelCaller's task for it ends
-        return [worker.ask(stop, block=False) for worker in workers if cast("TrioActorRef[Any]", worker).busy()]
+        return [
+            worker.ask(_STOP_HELPERS, block=False) for worker in workers if cast("TrioActorRef[Any]", worker).busy()
+        ]
 
     def _settle(self, run: Run) -> BudgetStatus | TrioFuture[BudgetStatus]:
         """The query's totals, the `unsettled` calls accounted first (summaries and compactions have
