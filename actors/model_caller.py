@@ -108,7 +108,8 @@ class CallFeed:
     __slots__ = ("_calls", "_on_served", "calling", "serving")
 
     def __init__(self) -> None:
-        self._calls = EventChannel[StartCall](1)  # a few calls per query, each `push`ed: the bound never waits
+        # A few calls per query, each `push`ed: the bound never waits.
+        self._calls: EventChannel[StartCall] = EventChannel(1)
         self._on_served: Callable[[], None] | None = None
         self.serving: trio.CancelScope | None = None
         """The cancel scope of the ModelCaller's task serving this feed (None: no task serves it)."""

@@ -49,7 +49,15 @@ from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
 from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, api_error_message
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
 from queryloop.runtime.loop.pricing import context_window_for
-from queryloop.runtime.loop.state import State, Terminal, next_turn, stop_hook_blocking, token_budget_continuation
+from queryloop.runtime.loop.state import (
+    COMPLETED,
+    State,
+    Terminal,
+    initial_state,
+    next_turn,
+    stop_hook_blocking,
+    token_budget_continuation,
+)
 from queryloop.runtime.loop.transcript import build_system_prompt, messages_after_compact_boundary
 
 if TYPE_CHECKING:
@@ -201,7 +209,7 @@ class QueryLoop(QueryLoopContext):
                     )
                 )
             self._record(message.prompt)
-            state = State(messages=list(self.conversation))
+            state = initial_state(list(self.conversation))
             if run.options.memory_prefetch is None:
                 terminal, state = await self._run_loop(run, state)
             else:
@@ -279,7 +287,7 @@ class QueryLoop(QueryLoopContext):
                         state = retried
                         continue
                     await self._surface(run, ended.withheld)
-                    return Terminal(reason="completed"), state  # an API error never reaches stop hooks
+                    return COMPLETED, state  # an API error never reaches stop hooks
                 prevent, blocking = await self._stop_hooks(run, state, messages_for_query, turn)
                 if run.control.abort_reason is not None:
                     return self._end_early(run, turn, abort_terminal(True, False)), state
@@ -294,7 +302,7 @@ class QueryLoop(QueryLoopContext):
                     state = token_budget_continuation(state, messages_for_query, turn.assistant_messages, nudge)
                     run.transitions.append("token_budget_continuation")
                     continue
-                return Terminal(reason="completed"), state
+                return COMPLETED, state
 
             if turn.prevent_continuation:
                 return Terminal(reason="hook_stopped"), state

@@ -140,7 +140,7 @@ class QueryLoopTurns(TrioActor):
             )
 
     async def _call_once(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> Turn:
-        channel = EventChannel[Any](TURN_BUFFER)
+        channel: EventChannel[Any] = EventChannel(TURN_BUFFER)
         turn = Turn(channel)
         run.turn, run.turn_count = turn, state.turn_count
         if run.control.abort_reason is not None:
@@ -187,10 +187,7 @@ class QueryLoopTurns(TrioActor):
     def _request(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
         context = run.context_message
         messages = messages_for_query if context is None else [context, *messages_for_query]
-        # Built from parts that are already valid: validating would copy every message dict again.
-        # (For small models validation is the cheaper path: pydantic-core's __init__ costs about half
-        # of the pure-Python model_construct. Only lists of dicts or messages are worth skipping.)
-        return ModelRequest.model_construct(
+        return ModelRequest(  # a record: built from parts already valid, nothing copied
             model=run.model,
             system=run.system,
             messages=run.normalizer.normalize(messages),  # only what is new since the last call (its docstring)

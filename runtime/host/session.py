@@ -156,7 +156,7 @@ class Session:
             # message for `interrupt`); the new query runs as soon as the aborted one has ended.
             self.abort_nowait("interrupt")
         options = QueryOptions.model_validate({**dict(self.options), **overrides}) if overrides else self.options
-        events = EventChannel[Any](options.event_buffer)
+        events: EventChannel[Any] = EventChannel(options.event_buffer)
         control = QueryControl()
         handle = QueryHandle(self, events, control)
         self._control, self._current_events = control, events

@@ -32,6 +32,9 @@ from queryloop.runtime.errors import ActorCrashed, SessionClosed
 from queryloop.runtime.kernel.actor import TrioActor, current_supervisor
 from queryloop.runtime.kernel.messages import Abort, AbortAck, AbortReason, Shutdown
 
+_SHUTDOWN = Shutdown()
+"""Every close sends this one (frozen, no field): not validated again for each session."""
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -157,10 +160,9 @@ class Supervisor:
         if self._closing:
             return
         self._closing = True
-        shutdown = Shutdown()
         for actor in list(self.actors):
             if not actor.actor_stopped.is_set():
-                actor.actor_ref.tell(shutdown)
+                actor.actor_ref.tell(_SHUTDOWN)
         if not self._live:
             self._closed_now()
 

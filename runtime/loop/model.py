@@ -9,12 +9,15 @@ errors and fallback are the ModelCaller's business, not the provider's.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict
 
+from queryloop.runtime._records import record
 from queryloop.runtime.errors import QueryloopError
+from queryloop.runtime.loop.events import Model
 
 ModelErrorKind = Literal[
     "prompt_too_long",
@@ -32,15 +35,21 @@ ModelErrorKind = Literal[
 RETRYABLE_KINDS: frozenset[str] = frozenset({"overloaded", "rate_limit", "api_error", "connection"})
 
 
-class ModelRequest(BaseModel):
-    """One Messages API request, already normalized for the wire."""
+@record
+class ModelRequest(Model):
+    """One Messages API request, already normalized for the wire.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    A record: the loop builds one per call from parts already valid (a copy of every message dict
+    to validate them again would cost more than the call's own work); `model_validate` checks one
+    that comes from outside.
+    """
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
 
     model: str
-    system: list[dict[str, Any]] = Field(default_factory=list)
+    system: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     max_tokens: int
     thinking: dict[str, Any] | None = None
     task_budget: dict[str, int] | None = None

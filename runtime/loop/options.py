@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 from queryloop.runtime.loop.events import TranscriptMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, StopHook
@@ -33,6 +33,18 @@ class AttachmentSource(Protocol):
 
 
 MemoryPrefetch = Callable[[list[TranscriptMessage]], Awaitable[str | None]]
+
+
+def _provider(value: Any) -> Any:
+    # What `isinstance(value, ModelProvider)` checks, at a sixth of its cost (a runtime-checkable protocol
+    # walks its members on every check; a host opens a session per agent run).
+    if value is not None and not callable(getattr(value, "stream", None)):
+        msg = f"a model provider has a `stream(request)` method; {type(value).__name__} has none"
+        raise ValueError(msg)
+    return value
+
+
+Provider = Annotated[ModelProvider | None, PlainValidator(_provider)]
 
 
 class QueryOptions(BaseModel):
@@ -63,15 +75,15 @@ class QueryOptions(BaseModel):
     post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
     attachment_sources: list[AttachmentSource] = Field(default_factory=list)
     memory_prefetch: MemoryPrefetch | None = None
-    provider: ModelProvider | None = None
+    provider: Provider = None
     """The model provider (dependency injection); `Runtime.open_session` requires one."""
     small_model: str = "claude-haiku-5-5"
     """The model of the runtime's own small calls (tool-use summaries)."""
     tool_use_summaries: bool = False
     """Summarize each tool batch with `small_model` while the next call runs (`tool_use_summary` events)."""
-    summary_provider: ModelProvider | None = None
+    summary_provider: Provider = None
     """Provider of the summaries; the main provider when None."""
-    compact_provider: ModelProvider | None = None
+    compact_provider: Provider = None
     """Provider of the compaction calls (made with `model`); the main provider when None."""
 
     # -- context management (defaults after Claude Code's; see runtime/loop/context.py) --

@@ -73,6 +73,9 @@ class TokenBudgetContinuation(_Frozen):
     reason: Literal["token_budget_continuation"] = "token_budget_continuation"
 
 
+NEXT_TURN = NextTurn()
+"""The one `NextTurn` (it has no field to tell two apart): the most common transition, made once."""
+
 Continue = Annotated[
     NextTurn
     | MaxOutputTokensEscalate
@@ -116,6 +119,10 @@ class Terminal(_Frozen):
     error: str | None = None
 
 
+COMPLETED = Terminal(reason="completed")
+"""The most common ending, made once (a `Terminal` is frozen)."""
+
+
 class AutoCompactTracking(_Frozen):
     """Usage of the latest response, for the autocompact threshold; None until a response arrived."""
 
@@ -148,9 +155,28 @@ class State(_Frozen):
 # -- the continue sites ---------------------------------------------------------------
 
 
+def initial_state(messages: list[TranscriptMessage]) -> State:
+    """The first iteration's `State` of a query over `messages` (the loop's own list, not copied)."""
+    return _built({**_INITIAL, "messages": messages}, {"messages"})
+
+
 def _evolve(state: State, **changes: Any) -> State:
-    # Continue sites build from already-valid parts: copy without re-validating.
-    return state.model_copy(update=changes)
+    # Continue sites build from already-valid parts: a copy without re-validating (`model_copy` does the
+    # same through six Python calls; the loop makes two States per turn).
+    return _built({**state.__dict__, **changes}, state.__pydantic_fields_set__ | changes.keys())
+
+
+def _built(values: dict[str, Any], fields_set: set[str]) -> State:
+    state = object.__new__(State)
+    _set = object.__setattr__  # what pydantic's own model_construct does, minus the defaults' lookup
+    _set(state, "__dict__", values)
+    _set(state, "__pydantic_fields_set__", fields_set)
+    _set(state, "__pydantic_extra__", None)
+    _set(state, "__pydantic_private__", None)
+    return state
+
+
+_INITIAL: dict[str, Any] = State(messages=[]).__dict__
 
 
 def next_turn(
@@ -168,7 +194,7 @@ def next_turn(
         max_output_tokens_override=None,
         pending_tool_use_summary=pending_tool_use_summary,
         stop_hook_active=False,
-        transition=NextTurn(),
+        transition=NEXT_TURN,
     )
 
 

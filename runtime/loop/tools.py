@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal, cast
 
 import trio
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict
 
 from queryloop.runtime.errors import QueryloopError
 
@@ -130,15 +130,23 @@ class Tool(BaseModel):
     input_model: type[BaseModel] | None = None
     concurrency_safe: bool = False
     timeout_s: float | None = None
-    _in_thread: bool = PrivateAttr(default=False)
 
     def model_post_init(self, context: Any, /) -> None:
-        self._in_thread = _runs_in_thread(self.call, self.name)
+        # Both made now, once (a tool is frozen): a call that is neither sync nor async is refused here,
+        # and a JSON schema, ~300 µs to generate, is not made again for every query.
+        _ = self.runs_in_thread, self._api_schema
 
-    @property
+    # Cached in the instance's __dict__, read as plain attributes: a pydantic private attribute is read
+    # through `BaseModel.__getattr__`, ten times slower, and `run` reads this on every call.
+    @functools.cached_property
     def runs_in_thread(self) -> bool:
         """A plain `def`: `run` calls it in a worker thread (decided when the tool was made)."""
-        return self._in_thread
+        return _runs_in_thread(self.call, self.name)
+
+    @functools.cached_property
+    def _api_schema(self) -> dict[str, Any]:
+        schema = self.input_model.model_json_schema() if self.input_model else {"type": "object", "properties": {}}
+        return {"name": self.name, "description": self.description, "input_schema": schema}
 
     async def run(self, args: Any, context: ToolContext) -> ToolOutput:
         """Call the tool with parsed `args`, on the trio thread or (a sync tool) in a worker thread.
@@ -146,7 +154,7 @@ class Tool(BaseModel):
         A cancellation (abort, timeout) answers at once either way: a sync tool's thread is then
         abandoned, its late result discarded, and `context.abandon()` drops its further progress.
         """
-        if not self._in_thread:  # an async def, as checked when the tool was made
+        if not self.runs_in_thread:  # an async def, as checked when the tool was made
             return await cast("AsyncToolFunction", self.call)(args, context)
         call = cast("SyncToolFunction", self.call)
         try:
@@ -157,11 +165,8 @@ class Tool(BaseModel):
             context.abandon()  # returned, raised or abandoned: nothing of it may reach the consumer now
 
     def api_schema(self) -> dict[str, Any]:
-        """The definition sent to the Messages API."""
-        schema: dict[str, Any] = (
-            self.input_model.model_json_schema() if self.input_model else {"type": "object", "properties": {}}
-        )
-        return {"name": self.name, "description": self.description, "input_schema": schema}
+        """The definition sent to the Messages API (made when the tool was; shared: do not change it)."""
+        return self._api_schema
 
     def parse_input(self, raw: dict[str, Any]) -> Any:
         """Validate the model's input; raises pydantic's `ValidationError` naming the field."""
