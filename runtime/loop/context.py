@@ -15,6 +15,7 @@ number is a `QueryOptions` field:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,21 +48,27 @@ class ContextLimits(BaseModel):
     warning_buffer: int = 20_000
     blocking_buffer: int = 3_000
 
-    @property
+    # Worked out once (the limits are frozen): the loop compares against them before every call.
+    @functools.cached_property
     def effective_window(self) -> int:
         return self.context_window - min(self.max_output_tokens, self.summary_output_reserve)
 
-    @property
+    @functools.cached_property
     def autocompact_threshold(self) -> int:
         return self.effective_window - self.autocompact_buffer
 
-    @property
+    @functools.cached_property
     def warning_threshold(self) -> int:
         return self.autocompact_threshold - self.warning_buffer
 
-    @property
+    @functools.cached_property
     def blocking_limit(self) -> int:
         return self.effective_window - self.blocking_buffer
+
+    @functools.cached_property
+    def lowest_threshold(self) -> int:
+        """The first threshold a growing context meets: below it no step of the pipeline acts."""
+        return min(self.warning_threshold, self.autocompact_threshold, self.blocking_limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +148,7 @@ def pipeline_needed(
                 text = _result_text(block)
                 if text is not None and len(text) > max_tool_result_chars and not text.startswith("<persisted-output>"):
                     return True
-    lowest = min(limits.warning_threshold, limits.autocompact_threshold, limits.blocking_limit)
-    return token_count_with_estimation(messages) >= lowest
+    return token_count_with_estimation(messages) >= limits.lowest_threshold
 
 
 def collapse_may_stage(messages: list[TranscriptMessage], limits: ContextLimits) -> bool:

@@ -94,8 +94,7 @@ def reply_events(reply: ScriptedReply, *, model: str, message_id: str, input_tok
     ]
     last = len(reply.content) - 1
     for index, block in enumerate(reply.content):
-        cut = reply.truncate_last_block and index == last
-        events.extend(_block_events(index, block, cut=cut))
+        _add_block_events(events, index, block, cut=reply.truncate_last_block and index == last)
     events.append(
         {
             "type": "message_delta",
@@ -107,36 +106,65 @@ def reply_events(reply: ScriptedReply, *, model: str, message_id: str, input_tok
     return events
 
 
-def _block_events(index: int, block: dict[str, Any], *, cut: bool) -> list[dict[str, Any]]:
+def _add_block_events(events: list[dict[str, Any]], index: int, block: dict[str, Any], *, cut: bool) -> None:
+    """Append one content block's events (start, deltas, stop) to `events`."""
     kind = block.get("type")
-    start: dict[str, Any]
-    deltas: list[dict[str, Any]]
+    add = events.append
     if kind == "text":
         text: str = block.get("text", "")
-        start = {"type": "text", "text": ""}
-        deltas = [{"type": "text_delta", "text": text[i : i + TEXT_CHUNK]} for i in range(0, len(text), TEXT_CHUNK)]
+        add({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
+        for i in range(0, len(text), TEXT_CHUNK):
+            add(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "text_delta", "text": text[i : i + TEXT_CHUNK]},
+                }
+            )
     elif kind in ("tool_use", "server_tool_use"):
         start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
+        add({"type": "content_block_start", "index": index, "content_block": start})
         raw = json.dumps(block.get("input", {}))
         fragments = [""] + [raw[i : i + JSON_CHUNK] for i in range(0, len(raw), JSON_CHUNK)]
         if cut:  # a max_tokens cut: the JSON stops half-way and no content_block_stop follows
             fragments = fragments[: max(2, len(fragments) // 2)]
             if "".join(fragments) == raw:  # too short to halve: drop the closing brace at least
                 fragments[-1] = fragments[-1][:-1]
-        deltas = [{"type": "input_json_delta", "partial_json": f} for f in fragments]
+        for fragment in fragments:
+            add(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": fragment},
+                }
+            )
+        if cut:
+            return
     elif kind == "thinking":
-        start = {"type": "thinking", "thinking": "", "signature": ""}
-        deltas = [
-            {"type": "thinking_delta", "thinking": block.get("thinking", "")},
-            {"type": "signature_delta", "signature": block.get("signature", "sig")},
-        ]
+        add(
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+            }
+        )
+        add(
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "thinking_delta", "thinking": block.get("thinking", "")},
+            }
+        )
+        add(
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "signature_delta", "signature": block.get("signature", "sig")},
+            }
+        )
     else:  # redacted thinking, server tools, anything newer: arrives whole
-        start, deltas = block, []
-    events: list[dict[str, Any]] = [{"type": "content_block_start", "index": index, "content_block": start}]
-    events.extend({"type": "content_block_delta", "index": index, "delta": delta} for delta in deltas)
-    if not (cut and kind in ("tool_use", "server_tool_use")):
-        events.append({"type": "content_block_stop", "index": index})
-    return events
+        add({"type": "content_block_start", "index": index, "content_block": block})
+    add({"type": "content_block_stop", "index": index})
 
 
 def scripted_error(entry: ScriptedError) -> ModelError | FallbackTriggered:
