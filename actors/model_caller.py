@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from queryloop.actors.tool_executor import StreamingToolExecutor
 
 PROMPT_TOO_LONG_ERROR_MESSAGE = "Prompt is too long"
+CONTEXT_WINDOW_EXCEEDED_MESSAGE = (
+    "Claude's response stopped because the model's context window is full (model_context_window_exceeded)."
+)
 
 
 def max_output_tokens_message(max_tokens: int) -> str:
@@ -185,13 +188,20 @@ class CallEnded(CarrierMessage):
     error: ModelError | None = None
     """The call failed for good (after retries); not withheld."""
     fallback: bool = False
+    stop_details: dict[str, Any] | None = None
+    """The API's `stop_details` (a refusal's category and explanation), as sent."""
 
 
 def _asks_for_more(ended: CallEnded) -> bool:
     """Whether the loop will most likely call again after this end: tools to answer, a withheld error
     to recover from, a fallback to retry on. After any other end the query usually ends (a stop hook's
     feedback or a token-budget nudge may still call again: that call starts a new task)."""
-    return ended.stop_reason == "tool_use" or ended.withheld is not None or ended.fallback
+    return ended.stop_reason in _MORE_AFTER or ended.withheld is not None or ended.fallback
+
+
+_MORE_AFTER = frozenset({"tool_use", "pause_turn", "refusal"})
+"""Stop reasons after which the loop calls again: tools answered, a paused turn resumed, a refusal
+retried on the fallback model (when there is none, the query ends and the task with it)."""
 
 
 class _Attempt:
@@ -323,8 +333,15 @@ class ModelCaller(TrioActor):
         withheld = None
         if assembler.stop_reason == "max_tokens":
             withheld = api_error_message(call.request.model, max_output_tokens_message(call.request.max_tokens))
+        elif assembler.stop_reason == "model_context_window_exceeded":  # a cut-off too: recovered the same way
+            withheld = api_error_message(call.request.model, CONTEXT_WINDOW_EXCEEDED_MESSAGE)
         return CallEnded(
-            stop_reason=assembler.stop_reason, usage=assembler.usage, withheld=withheld, error=None, fallback=False
+            stop_reason=assembler.stop_reason,
+            usage=assembler.usage,
+            withheld=withheld,
+            error=None,
+            fallback=False,
+            stop_details=assembler.stop_details,
         )
 
     async def _announce_retry_and_wait(self, call: StartCall, error: ModelError, attempt: int) -> None:

@@ -1,6 +1,7 @@
 """What happens around the model call: the context pipeline and the prompt-too-long cascade, the
-max-output-tokens recovery, tool-use summaries, the token budget's nudge, stop hooks, attachments and
-the memory prefetch. Each asks a helper actor or a hook and applies a transition of `loop.state`.
+max-output-tokens recovery (and a full window's compaction), a paused turn's continuation, tool-use
+summaries, the token budget's nudge, stop hooks, attachments and the memory prefetch. Each asks a
+helper actor or a hook and applies a transition of `loop.state`.
 """
 
 from __future__ import annotations
@@ -9,13 +10,20 @@ from typing import Any
 
 from queryloop.actors.budget_guard import CheckTokenBudget
 from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared
+from queryloop.actors.model_caller import CallEnded
 from queryloop.actors.query_loop.ending import QueryLoopEnding
 from queryloop.actors.query_loop.run import PendingSummary, Run, Turn
 from queryloop.actors.summarizer import Summarize
 from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.loop.context import pipeline_needed
-from queryloop.runtime.loop.decisions import max_output_tokens_action
+from queryloop.runtime.loop.decisions import (
+    abort_terminal,
+    context_is_full,
+    max_output_tokens_action,
+    pause_turn_may_continue,
+)
 from queryloop.runtime.loop.events import (
+    AssistantMessage,
     AttachmentMessage,
     SystemMessage,
     ToolUseSummaryEvent,
@@ -23,13 +31,19 @@ from queryloop.runtime.loop.events import (
     UserMessage,
 )
 from queryloop.runtime.loop.hooks import STOP_HOOK_FEEDBACK, StopHookInput, hook_error_message
+from queryloop.runtime.loop.model import ModelError
 from queryloop.runtime.loop.state import (
+    COMPLETED,
     MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
     State,
+    Terminal,
     collapse_drain_retry,
     max_output_tokens_escalate,
     max_output_tokens_recovery,
+    pause_turn_continuation,
     reactive_compact_retry,
+    stop_hook_blocking,
+    token_budget_continuation,
 )
 from queryloop.runtime.loop.token_budget import TokenBudgetDecision
 from queryloop.runtime.loop.transcript import messages_after_compact_boundary
@@ -55,6 +69,70 @@ class QueryLoopContext(QueryLoopEnding):
             run.transitions.append("max_output_tokens_recovery")
             return max_output_tokens_recovery(state, messages_for_query, turn.assistant_messages, recovery)
         return None
+
+    async def _continue_paused(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+    ) -> State | Terminal:
+        """A `pause_turn`: the paused response goes back as is (the next State), or the cap ends the query."""
+        cap = run.options.max_pause_turn_continuations
+        if not pause_turn_may_continue(state.pause_turn_continuations, cap):
+            why = f"the model paused its turn (pause_turn) {cap + 1} times; max_pause_turn_continuations is {cap}"
+            return await self._model_error(run, turn, ModelError("api_error", why))
+        run.transitions.append("pause_turn_continuation")
+        return pause_turn_continuation(state, messages_for_query, turn.assistant_messages)
+
+    async def _after_final_response(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+    ) -> State | Terminal:
+        """A response without tools: the stop hooks, then the token budget; the next State, or the end."""
+        prevent, blocking = await self._stop_hooks(run, state, messages_for_query, turn)
+        if run.control.abort_reason is not None:
+            return self._end_early(run, turn, abort_terminal(True, False))
+        if prevent is not None:
+            return Terminal(reason="stop_hook_prevented", error=prevent)
+        if blocking:
+            run.transitions.append("stop_hook_blocking")
+            return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
+        nudge = await self._token_budget_nudge(run)
+        if nudge is not None:
+            run.transitions.append("token_budget_continuation")
+            return token_budget_continuation(state, messages_for_query, turn.assistant_messages, nudge)
+        return COMPLETED
+
+    async def _retry_too_long(
+        self,
+        run: Run,
+        state: State,
+        messages_for_query: list[TranscriptMessage],
+        turn: Turn,
+        withheld: AssistantMessage,
+    ) -> State | Terminal:
+        """A prompt-too-long: the cascade's next State, or the query's end (aborted meanwhile, or nothing helped)."""
+        recovered = await self._recover_prompt_too_long(run, state, messages_for_query)
+        if run.control.abort_reason is not None:  # aborted while compacting: the abort comes first
+            return self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids)))
+        if recovered is None:
+            await self._surface(run, withheld)
+            return Terminal(reason="prompt_too_long")
+        return recovered
+
+    async def _recover_cut_off(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn, ended: CallEnded
+    ) -> State | Terminal | None:
+        """A cut-off response (`max_tokens`, `model_context_window_exceeded`): the next State, a Terminal
+        (aborted meanwhile), or None (nothing left to try: surface the withheld error).
+
+        A `model_context_window_exceeded` whose input filled the window (`context_is_full`) goes through
+        the 413 cascade's compaction first (a recovery message would have no room); otherwise, and when
+        compaction cannot help, through the max-output-tokens recovery, as any cut-off does.
+        """
+        if ended.stop_reason == "model_context_window_exceeded" and context_is_full(ended.usage, run.context.limits):
+            compacted = await self._recover_prompt_too_long(run, state, messages_for_query)
+            if run.control.abort_reason is not None:
+                return self._end_early(run, turn, abort_terminal(True, False))
+            if compacted is not None:
+                return compacted
+        return await self._recover_max_output_tokens(run, state, messages_for_query, turn)
 
     async def _consume_summary(self, run: Run, state: State) -> None:
         """The previous batch's summary, made while this iteration's model call ran; its failure costs only it.

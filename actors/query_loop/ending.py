@@ -19,10 +19,16 @@ from queryloop.actors.query_loop.run import Run, Turn
 from queryloop.actors.query_loop.turn import QueryLoopTurns
 from queryloop.runtime.kernel.actor import TrioActorRef
 from queryloop.runtime.kernel.messages import Abort
-from queryloop.runtime.loop.decisions import abort_terminal, result_is_error, result_subtype
-from queryloop.runtime.loop.events import ResultMessage, UserMessage, api_error_message
+from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached, result_is_error, result_subtype
+from queryloop.runtime.loop.events import (
+    AttachmentMessage,
+    ResultMessage,
+    TombstoneEvent,
+    UserMessage,
+    api_error_message,
+)
 from queryloop.runtime.loop.model import ModelError
-from queryloop.runtime.loop.state import Terminal
+from queryloop.runtime.loop.state import State, Terminal
 from queryloop.runtime.loop.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPT_MESSAGE_FOR_TOOL_USE,
@@ -34,6 +40,19 @@ if TYPE_CHECKING:
     from pykka import ActorRef, Future
 
     from queryloop.runtime.kernel._future import TrioFuture
+
+
+def refusal_text(details: dict[str, Any] | None) -> str:
+    """What a refusal's result says: Claude Code's wording, with the API's category and explanation."""
+    text = (
+        "API Error: Claude is unable to respond to this request, which appears to violate the Usage Policy "
+        "(https://www.anthropic.com/legal/aup) (stop_reason: refusal"
+    )
+    for key in ("category", "explanation"):
+        value = (details or {}).get(key)
+        if value:
+            text += f"; {key}: {value}"
+    return text + ")"
 
 
 _STOP_HELPERS = Abort(reason="user")
@@ -97,6 +116,32 @@ class QueryLoopEnding(QueryLoopTurns):
         if error.kind == "image_size":
             return Terminal(reason="image_error", error=text)
         return Terminal(reason="model_error", error=text)
+
+    async def _max_turns(self, run: Run, state: State) -> Terminal | None:
+        """At the `next_turn` site: would the next turn pass `max_turns`? Then the query ends, saying so."""
+        max_turns = run.options.max_turns
+        if not max_turns_reached(state.turn_count, max_turns):
+            return None
+        attachment = {"type": "max_turns_reached", "maxTurns": max_turns, "turnCount": state.turn_count + 1}
+        await self._emit(run, AttachmentMessage(attachment=attachment))
+        return Terminal(reason="max_turns", turn_count=state.turn_count + 1)
+
+    async def _refusal(self, run: Run, turn: Turn, details: dict[str, Any] | None) -> Terminal:
+        """The model refused (no fallback model to ask instead): the query ends saying so, no stop hooks.
+
+        The refused response is retracted (tombstones, as a fallback retracts an abandoned one): the
+        API's advice is to reset the context, a conversation that carries the refused turn is refused
+        again. The consumer has seen its partial output; the session's history keeps none of it.
+        """
+        run.ending = True
+        if turn.pending:
+            self._stop_workers_soon()
+        self._collect_remaining(run, turn, "Error: the response was refused")
+        for message in [*turn.assistant_messages, *turn.tool_results]:
+            self._emit_now(run, TombstoneEvent(message_uuid=message.uuid))
+        text = refusal_text(details)
+        await self._surface(run, api_error_message(run.model, text))
+        return Terminal(reason="completed", error=text, stop_details=details)
 
     def _collect_remaining(self, run: Run, turn: Turn, text: str) -> None:
         """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic (`text`)."""
@@ -177,6 +222,7 @@ class QueryLoopEnding(QueryLoopTurns):
             usage=run.usage,
             num_turns=turn_count,
             errors=errors,
+            stop_details=terminal.stop_details,
         )
         run.ending = True
         if run.consumer_open:

@@ -45,8 +45,8 @@ from queryloop.actors.query_loop.run import BudgetExceeded, Run
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import ContextLimits, collapse_may_stage
-from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
-from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, api_error_message
+from queryloop.runtime.loop.decisions import abort_terminal
+from queryloop.runtime.loop.events import TranscriptMessage, api_error_message
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
 from queryloop.runtime.loop.pricing import context_window_for
 from queryloop.runtime.loop.state import (
@@ -55,8 +55,6 @@ from queryloop.runtime.loop.state import (
     Terminal,
     initial_state,
     next_turn,
-    stop_hook_blocking,
-    token_budget_continuation,
 )
 from queryloop.runtime.loop.transcript import build_system_prompt, messages_after_compact_boundary
 
@@ -246,7 +244,6 @@ class QueryLoop(QueryLoopContext):
             return self._end_early(run, run.turn, "max_budget_usd"), state
 
     async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
-        options = run.options
         while True:
             await self._begin_iteration(run, state)
             prepared = await self._prepare(run, messages_after_compact_boundary(state.messages))
@@ -270,55 +267,45 @@ class QueryLoop(QueryLoopContext):
             await self._consume_summary(run, state)
             if ended.error is not None and ended.withheld is None:
                 return await self._model_error(run, turn, ended.error), state
-            if ended.error is not None and ended.withheld is not None:
-                recovered = await self._recover_prompt_too_long(run, state, messages_for_query)
-                if run.control.abort_reason is not None:  # aborted while compacting: the abort comes first
-                    return self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids))), state
-                if recovered is None:
-                    await self._surface(run, ended.withheld)
-                    return Terminal(reason="prompt_too_long"), state
+            if ended.error is not None and ended.withheld is not None:  # prompt too long: the 413 cascade
+                recovered = await self._retry_too_long(run, state, messages_for_query, turn, ended.withheld)
+                if isinstance(recovered, Terminal):
+                    return recovered, state
                 state = recovered
                 continue
 
+            if ended.stop_reason == "refusal":  # no fallback model took it (`_model_phase`)
+                return await self._refusal(run, turn, ended.stop_details), state
+            if ended.stop_reason == "pause_turn" and not turn.tool_ids:
+                # Not an end: the server paused a long server-tool turn. No stop hooks; the response goes back.
+                paused = await self._continue_paused(run, state, messages_for_query, turn)
+                if isinstance(paused, Terminal):
+                    return paused, state
+                state = paused
+                continue
+
             if not turn.tool_ids:
-                if ended.withheld is not None:  # max_tokens truncation
-                    retried = await self._recover_max_output_tokens(run, state, messages_for_query, turn)
+                if ended.withheld is not None:  # max_tokens or model_context_window_exceeded truncation
+                    retried = await self._recover_cut_off(run, state, messages_for_query, turn, ended)
+                    if isinstance(retried, Terminal):
+                        return retried, state
                     if retried is not None:
                         state = retried
                         continue
                     await self._surface(run, ended.withheld)
                     return COMPLETED, state  # an API error never reaches stop hooks
-                prevent, blocking = await self._stop_hooks(run, state, messages_for_query, turn)
-                if run.control.abort_reason is not None:
-                    return self._end_early(run, turn, abort_terminal(True, False)), state
-                if prevent is not None:
-                    return Terminal(reason="stop_hook_prevented", error=prevent), state
-                if blocking:
-                    state = stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
-                    run.transitions.append("stop_hook_blocking")
-                    continue
-                nudge = await self._token_budget_nudge(run)
-                if nudge is not None:
-                    state = token_budget_continuation(state, messages_for_query, turn.assistant_messages, nudge)
-                    run.transitions.append("token_budget_continuation")
-                    continue
-                return COMPLETED, state
+                after = await self._after_final_response(run, state, messages_for_query, turn)
+                if isinstance(after, Terminal):
+                    return after, state
+                state = after
+                continue
 
             if turn.prevent_continuation:
                 return Terminal(reason="hook_stopped"), state
             attachments = await self._attachments(run)
-            if max_turns_reached(state.turn_count, options.max_turns):
-                await self._emit(
-                    run,
-                    AttachmentMessage(
-                        attachment={
-                            "type": "max_turns_reached",
-                            "maxTurns": options.max_turns,
-                            "turnCount": state.turn_count + 1,
-                        }
-                    ),
-                )
-                return Terminal(reason="max_turns", turn_count=state.turn_count + 1), state
+            limit = await self._max_turns(run, state)
+            if limit is not None:
+                return limit, state
             state = next_turn(
                 state,
                 [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments],

@@ -114,28 +114,37 @@ class QueryLoopTurns(TrioActor):
     async def _model_phase(
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
     ) -> tuple[Turn, list[TranscriptMessage]]:
-        """One model call; a fallback retries it here with the same State (a bare continue, seed 001)."""
+        """One model call; a fallback retries it here with the same State (a bare continue, seed 001).
+
+        A `refusal` switches to the fallback model too, when one is set (the API's advice: a refused
+        conversation sent again as is is refused again); without one, the query ends as a refusal.
+        """
         while True:
             turn = await self._call_once(run, state, messages_for_query)
             ended = turn.ended
-            if ended is None or not ended.fallback or run.control.abort_reason is not None:
+            if ended is None or run.control.abort_reason is not None:
+                return turn, messages_for_query
+            refused = ended.stop_reason == "refusal"
+            if not (ended.fallback or refused):
                 return turn, messages_for_query
             fallback = run.options.fallback_model
             if fallback is None or fallback == run.model:
-                turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
+                if not refused:
+                    turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
                 return turn, messages_for_query
             turn.held_results.clear()  # results of the abandoned response go with it
-            for message in turn.assistant_messages:
+            for message in [*turn.assistant_messages, *turn.tool_results]:
                 await self._emit(run, TombstoneEvent(message_uuid=message.uuid))
             self.executor.tell(Discard())
             previous, run.model = run.model, fallback
             messages_for_query = strip_signature_blocks(messages_for_query)
+            why = "refused the request" if refused else "is unavailable"
             await self._emit(
                 run,
                 SystemMessage(
                     subtype="model_fallback",
-                    content=f"Switched to {fallback} because {previous} is unavailable",
-                    data={"from": previous, "to": fallback},
+                    content=f"Switched to {fallback} because {previous} {why}",
+                    data={"from": previous, "to": fallback, "reason": "refusal" if refused else "overloaded"},
                 ),
             )
 

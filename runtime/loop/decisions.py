@@ -5,7 +5,9 @@ was withheld, did the hooks object) and asks these functions what to do, in the
 reference's order:
 
 1. abort  2. streaming error  3. image error  4. prompt-too-long recovery
-5. max-output-tokens recovery  6. API error message (no stop hooks)
+5. max-output-tokens recovery (and `model_context_window_exceeded`: compaction first when the input
+   filled the window)  6. API error message, or a `refusal` (no stop hooks)  6a. `pause_turn`: the
+   paused response is sent back, up to a cap (no stop hooks: the turn has not ended)
 7. stop hooks  8. token budget  9. max turns  10. max budget USD  11. completed
 """
 
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from queryloop.runtime.loop.events import ResultSubtype
+from queryloop.runtime.loop.context import ContextLimits
+from queryloop.runtime.loop.events import ResultSubtype, Usage
 from queryloop.runtime.loop.state import MAX_OUTPUT_TOKENS_RECOVERY_LIMIT, State, TerminalReason
 
 MaxOutputTokensAction = Literal["escalate", "recover", "surface"]
@@ -30,6 +33,23 @@ def max_output_tokens_action(state: State, *, max_output_tokens: int, escalated:
     if state.max_output_tokens_recovery_count < MAX_OUTPUT_TOKENS_RECOVERY_LIMIT:
         return "recover"
     return "surface"
+
+
+def pause_turn_may_continue(continuations: int, cap: int) -> bool:
+    """A `pause_turn` response is sent back while this turn has had fewer than `cap` continuations."""
+    return continuations < cap
+
+
+def context_is_full(usage: Usage, limits: ContextLimits) -> bool:
+    """Whether a `model_context_window_exceeded` response was cut by its input, not by its own length.
+
+    The input alone (cache included) past the autocompact threshold leaves a recovery message no
+    room to work in: the context is compacted first. Below it, the response's own output filled
+    the window, and the cut-off recovery (escalate, then recovery messages) is the answer.
+    """
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens >= (
+        limits.autocompact_threshold
+    )
 
 
 def max_turns_reached(turn_count: int, max_turns: int | None) -> bool:

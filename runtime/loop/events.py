@@ -264,6 +264,8 @@ class ResultMessage(Event):
     total_cost_usd: float
     usage: Usage
     num_turns: int
+    stop_details: dict[str, Any] | None = None
+    """The API's `stop_details` of a query that ended on a `refusal` (`category`, `explanation`, ...)."""
     errors: list[str] = dataclasses.field(default_factory=list)
     """Why the query ended, for an ending that says (max turns, budget, a model error, a stop hook's
     `prevent`), then the text of each non-blocking hook error (`hook_error` system events), in order.

@@ -67,6 +67,11 @@ class QueryOptions(BaseModel):
     max_output_tokens: int = Field(default=8000, ge=1)
     escalated_max_output_tokens: int = Field(default=64000, ge=1)
     max_retries: int = Field(default=2, ge=0)
+    max_pause_turn_continuations: int = Field(default=5, ge=0)
+    """`pause_turn` responses sent back per turn before the query ends with an error. Each continuation
+    re-sends the whole context (billed again), and the server already runs up to ten server-tool
+    iterations in one request before it pauses: five allow some fifty searches in one turn, enough for
+    a deep research turn, and stop a turn that would page on forever."""
     thinking: dict[str, Any] | None = None
     pricing: Pricing | None = None
     tools: list[Tool] = Field(default_factory=list)

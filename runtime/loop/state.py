@@ -16,6 +16,13 @@ What each site does to the fields that carry across iterations:
 | token_budget_continuation | 0 | reset | reset | cleared |
 | reactive_compact_retry | kept | True | reset | cleared |
 | collapse_drain_retry | kept | kept | reset | cleared |
+| pause_turn_continuation | kept | kept | kept | cleared |
+
+`pause_turn_continuation` is not one of the reference's sites: the Messages API's `pause_turn` (a long
+server-tool turn, paused by the server) asks for the paused response back as is, in a new request of
+the same turn; it is named as the reference names a continuation (`token_budget_continuation`). It
+counts `pause_turn_continuations` (capped by `QueryOptions.max_pause_turn_continuations`); every other
+site resets that count but the recoveries of the same response (escalate, recovery, the 413 retries).
 
 Every site also drops the pending tool-use summary it has consumed, except
 `next_turn`, which installs the one for the batch that just ran.
@@ -73,6 +80,12 @@ class TokenBudgetContinuation(_Frozen):
     reason: Literal["token_budget_continuation"] = "token_budget_continuation"
 
 
+class PauseTurnContinuation(_Frozen):
+    reason: Literal["pause_turn_continuation"] = "pause_turn_continuation"
+    continuation: int
+    """1 for the first continuation of a turn, 2 for the next, ..."""
+
+
 NEXT_TURN = NextTurn()
 """The one `NextTurn` (it has no field to tell two apart): the most common transition, made once."""
 
@@ -83,7 +96,8 @@ Continue = Annotated[
     | ReactiveCompactRetry
     | CollapseDrainRetry
     | StopHookBlocking
-    | TokenBudgetContinuation,
+    | TokenBudgetContinuation
+    | PauseTurnContinuation,
     Field(discriminator="reason"),
 ]
 ContinueReason = Literal[
@@ -94,6 +108,7 @@ ContinueReason = Literal[
     "collapse_drain_retry",
     "stop_hook_blocking",
     "token_budget_continuation",
+    "pause_turn_continuation",
 ]
 
 TerminalReason = Literal[
@@ -117,6 +132,10 @@ class Terminal(_Frozen):
     reason: TerminalReason
     turn_count: int | None = None
     error: str | None = None
+    stop_details: dict[str, Any] | None = None
+    """A refusal's `stop_details` as the API sent them (`category`, `explanation`, ...). A refusal ends
+    the query `completed` with the refusal surfaced as an API error, as the reference ends every
+    surfaced API error (the result `is_error`, its `stop_reason` "refusal"): these say it was one."""
 
 
 COMPLETED = Terminal(reason="completed")
@@ -149,6 +168,8 @@ class State(_Frozen):
     """An awaitable of the summary of the previous tool batch, or None."""
     stop_hook_active: bool = False
     turn_count: int = 1
+    pause_turn_continuations: int = 0
+    """`pause_turn` responses sent back in this turn so far (not a field of the reference: see above)."""
     transition: Continue | None = None
 
 
@@ -194,6 +215,7 @@ def next_turn(
         max_output_tokens_override=None,
         pending_tool_use_summary=pending_tool_use_summary,
         stop_hook_active=False,
+        pause_turn_continuations=0,
         transition=NEXT_TURN,
     )
 
@@ -250,6 +272,7 @@ def stop_hook_blocking(
         max_output_tokens_override=None,
         pending_tool_use_summary=None,
         stop_hook_active=True,
+        pause_turn_continuations=0,
         transition=StopHookBlocking(),
     )
 
@@ -269,6 +292,7 @@ def token_budget_continuation(
         max_output_tokens_override=None,
         pending_tool_use_summary=None,
         stop_hook_active=False,
+        pause_turn_continuations=0,
         transition=TokenBudgetContinuation(),
     )
 
@@ -296,4 +320,24 @@ def collapse_drain_retry(state: State, drained_messages: list[TranscriptMessage]
         pending_tool_use_summary=None,
         stop_hook_active=False,
         transition=CollapseDrainRetry(committed=committed),
+    )
+
+
+def pause_turn_continuation(
+    state: State, messages_for_query: list[TranscriptMessage], assistant_messages: list[AssistantMessage]
+) -> State:
+    """The server paused a long server-tool turn: send the paused response back as is; the model goes on.
+
+    No message is added: the request ends with the paused assistant response (which may end on a
+    `server_tool_use` whose result the next response opens with). The same turn: `turn_count` is kept,
+    and so are the recovery guards of the response chain.
+    """
+    continuation = state.pause_turn_continuations + 1
+    return _evolve(
+        state,
+        messages=[*messages_for_query, *assistant_messages],
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        pause_turn_continuations=continuation,
+        transition=PauseTurnContinuation(continuation=continuation),
     )

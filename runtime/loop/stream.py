@@ -46,6 +46,8 @@ class ResponseAssembler:
     message_id: str = ""
     model: str = ""
     stop_reason: str | None = None
+    stop_details: dict[str, Any] | None = None
+    """What the API says of the stop (a `refusal`'s `category` and `explanation`), as it sent it."""
     stopped: bool = False
     _input_tokens: int = 0
     _output_tokens: int = 0
@@ -66,9 +68,11 @@ class ResponseAssembler:
             self._delta(event["index"], event["delta"])
         elif kind == "content_block_start":
             index = event["index"]
-            self._open[index] = dict(event["content_block"])
-            if "input" in self._open[index]:  # tool_use, server_tool_use, mcp_tool_use: input streams as JSON
+            block = self._open[index] = dict(event["content_block"])
+            if "input" in block:  # tool_use, server_tool_use, mcp_tool_use: input streams as JSON
                 self._json[index] = []
+            if "citations" in block:  # extended by citations_delta: the event's own list must stay as it came
+                block["citations"] = list(block["citations"] or ())
         elif kind == "content_block_stop":
             return self._complete(event["index"])
         elif kind == "message_start":
@@ -79,7 +83,9 @@ class ResponseAssembler:
             self._cache_creation_input_tokens = self._cache_read_input_tokens = 0
             self._count(message.get("usage") or {})
         elif kind == "message_delta":
-            self.stop_reason = (event.get("delta") or {}).get("stop_reason", self.stop_reason)
+            delta = event.get("delta") or {}
+            self.stop_reason = delta.get("stop_reason", self.stop_reason)
+            self.stop_details = delta.get("stop_details", self.stop_details)
             self._count(event.get("usage") or {})
         elif kind == "message_stop":
             self.stopped = True
@@ -123,7 +129,10 @@ class ResponseAssembler:
         elif kind == "signature_delta":
             block["signature"] = delta.get("signature", "")
         elif kind == "citations_delta":
-            block.setdefault("citations", []).append(delta.get("citation"))
+            citations = block.get("citations")
+            if citations is None:
+                citations = block["citations"] = []
+            citations.append(delta.get("citation"))
 
     def _join(self, index: int, block: Block) -> Block:
         pieces = self._pieces.pop(index, None)
