@@ -34,7 +34,9 @@ recorded ones in `shared/fixtures/errors`. Entries only a real wire can express 
 - `{"error": "request_too_large"}`: the 413 Cloudflare answers before the API sees the request,
   whose body has no top-level `type` and no `request_id`;
 - a reply with `"stall_after_events": N`: its first N events at once, then its whole `latency_ms`
-  of silence, then the rest (a stream that stalls mid-way, to abort it there).
+  of silence, then the rest (a stream that stalls mid-way, to abort it there);
+- `{"sse": BODY}`: a recorded response body (`shared/fixtures/sse/*.sse`) sent byte for byte as a
+  200 event stream, padding and pings as recorded (one with an `error` event closes the connection).
 
 `after_events` counts the script's events; `ping`s are extra. A request past the end of the
 script gets a 500 `api_error` saying so; a path other than `/v1/messages` gets a 404.
@@ -64,6 +66,8 @@ from queryloop.runtime.providers.wire_script import (
     IMAGE_SIZE_MESSAGE,
     PROMPT_TOO_LONG_MESSAGE,
     RATE_LIMIT_MESSAGE,
+    RawBytes,
+    RecordedStream,
     Sleep,
     SseEvent,
     StalledReply,
@@ -73,6 +77,7 @@ from queryloop.runtime.providers.wire_script import (
     error_body,
     estimate_tokens,
     parse_wire_entry,
+    recorded_plan,
     reply_plan,
     stalled_plan,
     with_ping,
@@ -284,6 +289,8 @@ class LocalMessagesAPI:
             await self._send_stream(
                 conn, stream, stalled_plan(events, entry.after_events, entry.reply.latency_ms), request_id
             )
+        elif isinstance(entry, RecordedStream):
+            await self._send_stream(conn, stream, recorded_plan(entry), request_id)
         elif isinstance(entry, WireFault):
             await self._fault(conn, stream, entry, model=model, message_id=message_id, request_id=request_id)
         else:
@@ -394,6 +401,9 @@ class LocalMessagesAPI:
                     if isinstance(step, Sleep):
                         if step.seconds > 0:
                             await trio.sleep(step.seconds)
+                        continue
+                    if isinstance(step, RawBytes):
+                        await stream.send_all(_out(conn.send(h11.Data(data=step.data))))
                         continue
                     name = str(step.data.get("type", "message"))
                     frame = f"event: {name}\ndata: {json.dumps(step.data, separators=(',', ':'))}\n\n"

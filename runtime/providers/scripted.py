@@ -39,7 +39,11 @@ class ScriptedUsage(_Strict):
 
 class ScriptedReply(_Strict):
     content: list[dict[str, Any]]
-    stop_reason: Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "pause_turn", "refusal"] = "end_turn"
+    stop_reason: Literal[
+        "end_turn", "tool_use", "max_tokens", "stop_sequence", "pause_turn", "refusal", "model_context_window_exceeded"
+    ] = "end_turn"
+    stop_details: dict[str, Any] | None = None
+    """Sent in `message_delta` as the API sends a refusal's (`{"type": "refusal", "category": ..., ...}`)."""
     usage: ScriptedUsage | None = None
     latency_ms: float = 0
     truncate_last_block: bool = False
@@ -98,7 +102,8 @@ def reply_events(reply: ScriptedReply, *, model: str, message_id: str, input_tok
     events.append(
         {
             "type": "message_delta",
-            "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
+            "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None}
+            | ({"stop_details": reply.stop_details} if reply.stop_details is not None else {}),
             "usage": {"output_tokens": usage.output_tokens},
         }
     )

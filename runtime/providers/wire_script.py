@@ -1,5 +1,6 @@
 """The script a `LocalMessagesAPI` plays: its entries (`ScriptedModel`'s, plus the faults only a real
-wire shows) and the plan of what one response sends (events, silences, how the body ends).
+wire shows, and recorded bodies replayed byte for byte) and the plan of what one response sends
+(events, silences, how the body ends).
 
 Pure data and functions: the server (`local_api`) turns a plan into HTTP. Imports `scripted`.
 """
@@ -7,6 +8,7 @@ Pure data and functions: the server (`local_api`) turns a plan into HTTP. Import
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,13 +50,26 @@ class StalledReply:
     after_events: int
 
 
-WireEntry = ScriptEntry | WireFault | StalledReply
+@dataclass(frozen=True)
+class RecordedStream:
+    """A recorded response body (a `.sse` file of `shared/fixtures/sse`), sent byte for byte as a 200 stream."""
+
+    body: bytes
+
+
+WireEntry = ScriptEntry | WireFault | StalledReply | RecordedStream
 
 
 def parse_wire_entry(raw: WireEntry | dict[str, Any]) -> WireEntry:
     """A `ScriptedModel` entry, or one of the wire-only ones above (unknown keys are errors)."""
     if not isinstance(raw, dict):
         return raw
+    if "sse" in raw:
+        body = raw["sse"]
+        if set(raw) != {"sse"} or not isinstance(body, str | bytes):
+            msg = f"a recorded stream is {{'sse': <the body's text>}} alone, got keys {sorted(raw)}"
+            raise ValueError(msg)
+        return RecordedStream(body=body.encode() if isinstance(body, str) else body)
     if raw.get("error") in WIRE_FAULTS:
         return WireFault.model_validate(raw)
     if "stall_after_events" in raw:
@@ -79,11 +94,24 @@ class SseEvent:
 
 
 @dataclass(frozen=True)
+class RawBytes:
+    """Bytes of the body sent as they are (a recording: its padding, its framing, its pings)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
 class StreamPlan:
     """What one 200 response sends: sleeps and events, then how the body ends."""
 
-    steps: list[Sleep | SseEvent]
+    steps: Sequence[Sleep | SseEvent | RawBytes]
     ending: Literal["complete", "error_event", "cut"]
+
+
+def recorded_plan(entry: RecordedStream) -> StreamPlan:
+    """A recording sent whole; one with an `error` event ends as the server ends those (connection closed)."""
+    error = b"event: error" in entry.body
+    return StreamPlan(steps=[RawBytes(entry.body)], ending="error_event" if error else "complete")
 
 
 def with_ping(events: list[SseEvent]) -> list[SseEvent]:
@@ -100,7 +128,7 @@ def with_ping(events: list[SseEvent]) -> list[SseEvent]:
 
 def reply_plan(events: list[dict[str, Any]], latency_ms: float) -> StreamPlan:
     half = latency_ms / 2000
-    steps: list[Sleep | SseEvent] = [Sleep(half)]
+    steps: list[Sleep | SseEvent | RawBytes] = [Sleep(half)]
     for event in with_ping([SseEvent(e) for e in events]):
         if event.data.get("type") == "message_delta":
             steps.append(Sleep(half))
@@ -109,7 +137,7 @@ def reply_plan(events: list[dict[str, Any]], latency_ms: float) -> StreamPlan:
 
 
 def stalled_plan(events: list[dict[str, Any]], after_events: int, latency_ms: float) -> StreamPlan:
-    steps: list[Sleep | SseEvent] = []
+    steps: list[Sleep | SseEvent | RawBytes] = []
     sent = 0
     for event in with_ping([SseEvent(e) for e in events]):
         is_ping = event.data.get("type") == "ping"
