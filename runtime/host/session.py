@@ -149,7 +149,9 @@ class Session:
             msg = f"session {self.id} is closed"
             raise SessionClosed(msg)
         # The host's input, validated (and copied) before anything changes: a bad prompt interrupts nothing.
-        prompt_message = UserMessage.model_validate({"content": prompt})
+        prompt_message = (
+            UserMessage(content=prompt) if type(prompt) is str else UserMessage.model_validate({"content": prompt})
+        )
         running = self._control
         if running is not None and not running.finished and not running.decided and running.abort_reason is None:
             # A message submitted while a query runs interrupts it (seed 000: no interruption

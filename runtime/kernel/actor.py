@@ -414,7 +414,9 @@ class TrioActor(pykka.Actor):
                 self.on_stop()
             except Exception:
                 self.log.exception("on_stop raised")
-        self.actor_inbox.close(f"{self} stopped before handling the message")  # type: ignore[attr-defined]
+        # Formatted only if mail is refused; the names, not the actor, are kept (no actor <-> inbox cycle).
+        name, urn = type(self).__name__, self.actor_urn
+        self.actor_inbox.close(lambda: f"{name} ({urn}) stopped before handling the message")  # type: ignore[attr-defined]
         self._send_abort_acks()
         if self._stop_reply is not None:
             self._stop_reply.set(None)

@@ -15,13 +15,10 @@ number is a `QueryOptions` field:
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict
 
 from queryloop.runtime.loop.events import AssistantMessage, Block, SystemMessage, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.token_budget import math_round
@@ -38,8 +35,9 @@ COMPACT_INSTRUCTIONS = (
 )
 
 
-class ContextLimits(BaseModel):
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContextLimits:
+    """A query's context window and its thresholds (made by the loop from validated options)."""
 
     context_window: int
     max_output_tokens: int
@@ -47,28 +45,27 @@ class ContextLimits(BaseModel):
     autocompact_buffer: int = 13_000
     warning_buffer: int = 20_000
     blocking_buffer: int = 3_000
+    # Worked out once, when made: the loop compares against them before every call.
+    effective_window: int = field(init=False)
+    autocompact_threshold: int = field(init=False)
+    warning_threshold: int = field(init=False)
+    blocking_limit: int = field(init=False)
+    lowest_threshold: int = field(init=False)
+    """The first threshold a growing context meets: below it no step of the pipeline acts."""
 
-    # Worked out once (the limits are frozen): the loop compares against them before every call.
-    @functools.cached_property
-    def effective_window(self) -> int:
-        return self.context_window - min(self.max_output_tokens, self.summary_output_reserve)
-
-    @functools.cached_property
-    def autocompact_threshold(self) -> int:
-        return self.effective_window - self.autocompact_buffer
-
-    @functools.cached_property
-    def warning_threshold(self) -> int:
-        return self.autocompact_threshold - self.warning_buffer
-
-    @functools.cached_property
-    def blocking_limit(self) -> int:
-        return self.effective_window - self.blocking_buffer
-
-    @functools.cached_property
-    def lowest_threshold(self) -> int:
-        """The first threshold a growing context meets: below it no step of the pipeline acts."""
-        return min(self.warning_threshold, self.autocompact_threshold, self.blocking_limit)
+    def __post_init__(self) -> None:
+        effective = self.context_window - min(self.max_output_tokens, self.summary_output_reserve)
+        autocompact = effective - self.autocompact_buffer
+        warning = autocompact - self.warning_buffer
+        blocking = effective - self.blocking_buffer
+        for name, value in (
+            ("effective_window", effective),
+            ("autocompact_threshold", autocompact),
+            ("warning_threshold", warning),
+            ("blocking_limit", blocking),
+            ("lowest_threshold", min(warning, autocompact, blocking)),
+        ):
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True, slots=True)
