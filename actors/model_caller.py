@@ -23,16 +23,26 @@ longer (measured: `bench loops` at C=1000, 12 % of the round).
 
 Errors: 429 / 529 / 5xx / a cut connection are retried with backoff
 (honouring `retry-after`) up to `max_retries` times, but only while nothing of
-that request has been emitted; each retry is announced with a
+that request has been emitted; the server's `x-should-retry` header, when sent,
+decides instead of the kind (`ModelError.retryable`). Each retry is announced with a
 `system:api_retry` message; when a request stays overloaded and a fallback model
-is configured, the call ends asking for the fallback. Prompt-too-long and `max_tokens` truncation are
+is configured, the call ends asking for the fallback. A 400 that asks for fewer
+output tokens (`context_overflow`, `max_tokens_cap`) is sent again at once with
+the `max_tokens` of `queryloop.runtime.loop.max_tokens.max_tokens_fix`, once per
+kind per call and outside `max_retries` (it is a different request, not the same
+one again); a model's output cap learnt so is kept for the session's later calls
+to that model. Prompt-too-long (and a `context_overflow` that no `max_tokens` at or
+above the floor fits) and `max_tokens` truncation are
 *withheld*: `CallEnded.withheld` carries the error message for the QueryLoop's
 recovery instead of emitting it. A fallback request ends the call with
-`CallEnded.fallback`.
+`CallEnded.fallback`. A provider's event that is not a dict with a string `type`,
+or one the assembler cannot read, is an `api_error` ModelError ("malformed stream
+event"), never an unclassified exception.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -44,7 +54,8 @@ from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
 from queryloop.runtime.loop.events import AssistantMessage, StreamEvent, SystemMessage, Usage, api_error_message
-from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.max_tokens import max_tokens_fix
+from queryloop.runtime.loop.model import MAX_TOKENS_KINDS, FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
 
 if TYPE_CHECKING:
@@ -235,6 +246,8 @@ class ModelCaller(TrioActor):
         self.retry_max_s = retry_max_s
         self._seed = seed
         self._random: random.Random | None = None  # seeded on the first retry: most callers never retry
+        self._output_caps: dict[str, int] = {}
+        """Model → the most output tokens the API said it accepts (a `max_tokens_cap` 400), for the session."""
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, StartCall):
@@ -275,17 +288,27 @@ class ModelCaller(TrioActor):
     async def _call(self, call: StartCall) -> CallEnded:
         """Run one call (retries included) and send its `CallEnded`, which is also returned."""
         attempt = 0
+        request = call.request
+        if self._output_caps:
+            request = self._within_cap(request)
+        refitted: set[str] = set()  # the max_tokens kinds already fixed in this call: each is fixed once
         while True:
             this_try = _Attempt()
             try:
                 if self.limiter is None:
-                    ended = await self._stream_once(call, this_try)
+                    ended = await self._stream_once(call, request, this_try)
                 else:
                     async with self.limiter:  # held while the request streams, not during backoff
-                        ended = await self._stream_once(call, this_try)
+                        ended = await self._stream_once(call, request, this_try)
             except FallbackTriggered:
                 ended = CallEnded(fallback=True, stop_reason=None, usage=Usage(), withheld=None, error=None)
             except ModelError as error:
+                if error.kind in MAX_TOKENS_KINDS and error.kind not in refitted and not this_try.emitted:
+                    refitted.add(error.kind)
+                    refit = self._refit(request, error)
+                    if refit is not None:
+                        request = refit
+                        continue
                 if error.retryable and not this_try.emitted and attempt < call.max_retries:
                     attempt += 1
                     await self._announce_retry_and_wait(call, error, attempt)
@@ -295,7 +318,8 @@ class ModelCaller(TrioActor):
                     await call.sink.send(ended)
                     return ended
                 withheld = None
-                if error.kind == "prompt_too_long":
+                if error.kind in ("prompt_too_long", "context_overflow"):
+                    # A context overflow no smaller max_tokens fits: the prompt is what must shrink.
                     withheld = api_error_message(call.request.model, PROMPT_TOO_LONG_ERROR_MESSAGE)
                 ended = CallEnded(withheld=withheld, error=error)
             except Exception as error:  # noqa: BLE001 - a provider's bug is this call's model error, not a dead session
@@ -304,14 +328,36 @@ class ModelCaller(TrioActor):
             await call.sink.send(ended)
             return ended
 
-    async def _stream_once(self, call: StartCall, this_try: _Attempt) -> CallEnded:
+    def _within_cap(self, request: ModelRequest) -> ModelRequest:
+        """The request, asking no more than its model's output cap learnt in this session."""
+        cap = self._output_caps.get(request.model)
+        if cap is None or request.max_tokens <= cap:
+            return request
+        return dataclasses.replace(request, max_tokens=cap)
+
+    def _refit(self, request: ModelRequest, error: ModelError) -> ModelRequest | None:
+        """The request with a `max_tokens` the 400 `error` leaves room for (None: lowering it cannot help)."""
+        fix = max_tokens_fix(error.message, request.max_tokens, request.thinking)
+        if fix is None:
+            return None
+        if fix.model_cap is not None:
+            self._output_caps[request.model] = fix.model_cap
+        asked, kind = request.max_tokens, error.kind
+        self.log.info(f"{request.model}: max_tokens {asked} refused ({kind}), sending again with {fix.max_tokens}")
+        return dataclasses.replace(request, max_tokens=fix.max_tokens)
+
+    async def _stream_once(self, call: StartCall, request: ModelRequest, this_try: _Attempt) -> CallEnded:
         """One request: forward its events, hand over its blocks; the end, or the provider's error."""
         assembler = ResponseAssembler()
-        async with aclosing(self.provider.stream(call.request)) as stream:
+        async with aclosing(self.provider.stream(request)) as stream:
             events, progress = call.events, call.progress
             async for raw in stream:
+                kind = raw.get("type") if isinstance(raw, dict) else None
+                if kind.__class__ is not str:
+                    # Nothing of it was forwarded: like a provider's own classified error, retried if nothing was.
+                    msg = f"malformed stream event: no type in {raw!r:.200}"
+                    raise ModelError("api_error", msg)
                 this_try.emitted = True
-                kind = raw["type"]
                 if kind == "message_start":
                     progress.start_usage, progress.delta_usage = raw["message"].get("usage") or {}, None
                 elif kind == "message_delta" and progress.start_usage is not None:
@@ -323,7 +369,11 @@ class ModelCaller(TrioActor):
                     events.send_nowait(event)  # without a coroutine per event while there is room
                 except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                     await self._emit(call, event)
-                completed = assembler.feed(raw)
+                try:
+                    completed = assembler.feed(raw)
+                except (KeyError, TypeError, ValueError, AttributeError) as error:
+                    msg = f"malformed stream event {kind!r}: {type(error).__name__}: {error} in {raw!r:.200}"
+                    raise ModelError("api_error", msg) from error
                 if completed is not None:
                     await self._hand_over(completed, assembler, call)
         if not assembler.stopped:
@@ -332,9 +382,9 @@ class ModelCaller(TrioActor):
             await self._hand_over(cut, assembler, call)
         withheld = None
         if assembler.stop_reason == "max_tokens":
-            withheld = api_error_message(call.request.model, max_output_tokens_message(call.request.max_tokens))
+            withheld = api_error_message(request.model, max_output_tokens_message(request.max_tokens))
         elif assembler.stop_reason == "model_context_window_exceeded":  # a cut-off too: recovered the same way
-            withheld = api_error_message(call.request.model, CONTEXT_WINDOW_EXCEEDED_MESSAGE)
+            withheld = api_error_message(request.model, CONTEXT_WINDOW_EXCEEDED_MESSAGE)
         return CallEnded(
             stop_reason=assembler.stop_reason,
             usage=assembler.usage,

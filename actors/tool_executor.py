@@ -10,8 +10,10 @@ Results (and progress) go to the turn channel as they complete: a result at
 once, past the channel's bound (one per tool: it never waits, so a finished
 tool's result is always in the channel), progress with backpressure. Every path
 answers a `tool_use` exactly once: an unknown tool, input that fails
-validation or was cut off, a denied permission, an exception or a timeout each
-give an `is_error` result wrapped in `<tool_use_error>`. An abort cancels every
+validation or was cut off, a denied permission, an exception, a timeout, and an
+output that is neither a string nor a JSON-serializable list of blocks (named with
+the tool: the request carrying it could not be sent) each give an `is_error` result
+wrapped in `<tool_use_error>`. An abort cancels every
 unfinished tool; the loop answers those with synthetic errors itself.
 
 A sync tool (a plain `def`) runs in a worker thread (`Tool.run`): the same
@@ -26,11 +28,13 @@ message for a hook that raised (the other hooks run on as if it had passed).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import trio
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
@@ -192,6 +196,8 @@ class StreamingToolExecutor(TrioActor):
                     output, is_error = tool_error(f"Error: {name} timed out after {tool.timeout_s:g}s"), True
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
             output, is_error = tool_error(f"Error: {error}"), True
+        if output.__class__ is not str and not is_error:
+            output, is_error = self._as_json(name, output)
         if not turn.post_tool_use_hooks:
             return ToolResult(tool_use_id=entry.id, message=tool_result_message(entry.id, output, is_error=is_error))
         hook_messages, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
@@ -201,6 +207,28 @@ class StreamingToolExecutor(TrioActor):
             hook_messages=hook_messages,
             prevent_continuation=prevent,
         )
+
+    def _as_json(self, name: str, output: object) -> tuple[ToolOutput, bool]:
+        """A tool's non-string output as plain JSON, or an error result naming the tool when it has none.
+
+        Checked here, where the result is made, because nothing later can answer for it: the request
+        that carries it would fail to serialize (a model error ending the query) and so would the
+        transcript file. Values pydantic's JSON mode knows (datetimes, sets, models…) are converted,
+        as the SDK and the transcript would convert them.
+        """
+        problem: str
+        if isinstance(output, list):
+            try:
+                plain: list[dict[str, Any]] = to_jsonable_python(output)
+                json.dumps(plain, allow_nan=False)  # NaN and infinities are not JSON: the SDK refuses them
+            except (PydanticSerializationError, TypeError, ValueError) as error:
+                problem = f"a result that is not JSON-serializable ({error})"
+            else:
+                return plain, False
+        else:
+            problem = f"a {type(output).__name__}, not a string or a list of content blocks"
+        self.log.warning(f"tool {name} returned {problem}")
+        return tool_error(f"Error: tool {name} returned {problem}"), True
 
     async def _post_tool_use(
         self, entry: _Entry, turn: BeginTurn, tool_input: dict[str, Any], output: ToolOutput, is_error: bool

@@ -326,8 +326,8 @@ def test_anthropic_model_satisfies_the_provider_protocol() -> None:
 # ---------------------------------------------------------------- HTTP errors (recorded)
 
 EXPECTED_KIND = {
-    "400_input_plus_max_tokens_exceed_context": "prompt_too_long",
-    "400_max_tokens_above_model_limit": "invalid_request",
+    "400_input_plus_max_tokens_exceed_context": "context_overflow",
+    "400_max_tokens_above_model_limit": "max_tokens_cap",
     "400_prompt_too_long": "prompt_too_long",
     "400_tool_result_without_matching_tool_use": "invalid_request",
     "400_tool_use_without_tool_result": "invalid_request",
@@ -404,6 +404,48 @@ async def test_retry_after_ms_header_wins_over_retry_after_seconds() -> None:
     _, error = await collect_until_error(make_model(handler))
 
     assert error.retry_after == 1.5
+
+
+@pytest.mark.parametrize(
+    ("status", "header", "should_retry", "retryable"),
+    [
+        (500, "false", False, False),
+        (529, "False", False, False),
+        (400, "true", True, True),
+        (409, "true", True, True),
+        (500, None, None, True),
+        (400, None, None, False),
+        (400, "maybe", None, False),
+    ],
+)
+async def test_x_should_retry_header_wins_over_the_status(
+    status: int, header: str | None, should_retry: bool | None, retryable: bool
+) -> None:
+    headers = {} if header is None else {"x-should-retry": header}
+    handler = json_error(status, "api_error", "synthetic", headers)
+
+    _, error = await collect_until_error(make_model(handler))
+
+    assert error.should_retry is should_retry
+    assert error.retryable is retryable
+
+
+async def test_recorded_529_carries_its_x_should_retry_true() -> None:
+    path = ERRORS / "529_overloaded_error.json"
+
+    _, error = await collect_until_error(make_model(recorded_error_handler(path, [])))
+
+    assert error.should_retry is True
+
+
+async def test_an_event_without_a_type_is_a_malformed_stream_event_api_error() -> None:
+    body = b'event: message_start\ndata: {"message": {"id": "msg_1"}}\n\n'
+
+    events, error = await collect_until_error(make_model(serving(body)))
+
+    assert events == []
+    assert error.kind == "api_error"
+    assert "malformed stream event 'message_start': no type" in error.message
 
 
 async def test_image_too_large_400_maps_to_image_size() -> None:
@@ -621,6 +663,13 @@ async def test_cancelling_while_waiting_for_the_next_chunk_ends_the_stream() -> 
         (400, "image dimensions exceed max allowed size: 8000 pixels", "image_size"),
         (400, "Image too large", "image_size"),
         (400, "max_tokens: 128001 > 64000", "invalid_request"),
+        (
+            400,
+            "max_tokens: 128001 > 64000, which is the maximum allowed number of output tokens for claude-opus-4-5",
+            "max_tokens_cap",
+        ),
+        (400, "input length and `max_tokens` exceed context limit: 178959 + 64000 > 200000", "context_overflow"),
+        (413, "input length and `max_tokens` exceed context limit: 178959 + 64000 > 200000", "prompt_too_long"),
         (422, "unprocessable", "invalid_request"),
         (529, "Overloaded", "overloaded"),
         (599, "?", "api_error"),

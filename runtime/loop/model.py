@@ -21,6 +21,8 @@ from queryloop.runtime.loop.events import Model
 
 ModelErrorKind = Literal[
     "prompt_too_long",
+    "context_overflow",
+    "max_tokens_cap",
     "overloaded",
     "rate_limit",
     "api_error",
@@ -33,6 +35,10 @@ ModelErrorKind = Literal[
 ]
 
 RETRYABLE_KINDS: frozenset[str] = frozenset({"overloaded", "rate_limit", "api_error", "connection"})
+"""The kinds retried as they are, unless the server said otherwise (`ModelError.should_retry`)."""
+
+MAX_TOKENS_KINDS: frozenset[str] = frozenset({"context_overflow", "max_tokens_cap"})
+"""400s fixed by asking for fewer output tokens (`queryloop.runtime.loop.max_tokens`), not by a retry as is."""
 
 
 @record
@@ -57,7 +63,16 @@ class ModelRequest(Model):
 
 
 class ModelError(QueryloopError):
-    """A failed model call, classified so recovery can be decided without looking at HTTP classes."""
+    """A failed model call, classified so recovery can be decided without looking at HTTP classes.
+
+    Kinds beyond the obvious: `context_overflow` is the 400 "input length and `max_tokens` exceed
+    context limit" (the answer's room, not the prompt, is too big: lower `max_tokens`, else treat it
+    as `prompt_too_long`); `max_tokens_cap` is the 400 "`max_tokens`: N > M, which is the maximum
+    allowed number of output tokens for MODEL".
+
+    `should_retry` is the server's `x-should-retry` header (None when it sent none, or for an error
+    event inside a 200 stream): it wins over the kind, as in the SDK.
+    """
 
     def __init__(
         self,
@@ -66,15 +81,20 @@ class ModelError(QueryloopError):
         *,
         status: int | None = None,
         retry_after: float | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.kind: ModelErrorKind = kind
         self.message = message
         self.status = status
         self.retry_after = retry_after
+        self.should_retry = should_retry
 
     @property
     def retryable(self) -> bool:
+        """Whether sending the same request again may succeed: the server's word if it gave one, else the kind's."""
+        if self.should_retry is not None:
+            return self.should_retry
         return self.kind in RETRYABLE_KINDS
 
     def __repr__(self) -> str:
@@ -92,15 +112,15 @@ class ModelProvider(Protocol):
     def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]: ...
 
 
+# Not "exceed context limit": that 400 is `context_overflow`, fixed by a smaller `max_tokens` first.
 PROMPT_TOO_LONG_MARKERS = (
     "prompt is too long",
-    "exceed context limit",
     "request size exceeds model context window",
     "request_too_large",
 )
 
 
 def is_prompt_too_long(status: int | None, message: str) -> bool:
-    """Every wording of "too long" seen on the wire (API_FACTS §2): 400s and both 413 bodies."""
+    """Every wording of "prompt too long" seen on the wire (API_FACTS §2): 400s and both 413 bodies."""
     text = message.lower()
     return status == 413 or any(marker in text for marker in PROMPT_TOO_LONG_MARKERS)

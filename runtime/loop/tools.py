@@ -28,7 +28,9 @@ that may block for long should bound its own waits, or poll
 
 A tool returns a string or a list of content blocks. An exception (or
 `ToolError`) becomes an error result wrapped in `<tool_use_error>`; so do an
-unknown tool, input that fails validation, a denied permission and a timeout.
+unknown tool, input that fails validation, a denied permission, a timeout, and
+an output of another type or one that is not JSON-serializable (a list is made
+plain JSON as pydantic's JSON mode makes it: datetimes become ISO strings).
 The loop goes on in every case.
 """
 

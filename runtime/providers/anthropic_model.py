@@ -10,16 +10,26 @@ bogus `"text": null` and warns. Raw JSON passes any newer type through untouched
 
 How failures map to `ModelError.kind` (`status` is the HTTP code, `retry_after` in seconds):
 
+- 400 "input length and `max_tokens` exceed context limit: I + M > L": `context_overflow` (not a
+  prompt too long: the ModelCaller first retries with a `max_tokens` that fits);
+- 400 "`max_tokens`: N > M, which is the maximum allowed number of output tokens for MODEL":
+  `max_tokens_cap` (the ModelCaller clamps to M, retries, and remembers M for the model);
 - 400 / 413 whose message passes `is_prompt_too_long` (every 413 does): `prompt_too_long`;
 - 400 about image size ("image exceeds", "image too large", "image dimensions"): `image_size`;
 - any other 400, and 4xx codes not listed here (402 billing, 422, …): `invalid_request`;
 - 401 / 403: `authentication`; 404: `not_found`;
 - 429: `rate_limit`, `retry_after` from `retry-after-ms`, else `retry-after` (any status gets it);
+- `x-should-retry: true|false` on any HTTP error sets `should_retry`, which wins over the kind when
+  the ModelCaller decides to retry (as in the SDK: a 500 with `false` is not retried, a 400 with
+  `true` is); any other value, or no header, leaves it None;
 - 529: `overloaded`; 408 / 409 / any other 5xx: `api_error`;
 - `event: error` inside a 200 stream: its `error.type` is turned into the status it stands for
   (`overloaded_error` → 529, `rate_limit_error` → 429, `invalid_request_error` → 400,
   `api_error` and unknown types → 500, …) and classified as above; the message names the
-  in-stream origin and `retry_after` stays None (headers of a 200 say nothing about the error);
+  in-stream origin and `retry_after` and `should_retry` stay None (headers of a 200 say nothing
+  about the error);
+- an event whose data is a JSON object without a string `type`: `api_error` ("malformed stream
+  event …"), raised before it is yielded, like data that is not JSON at all;
 - connection refused, timeout, transport error while reading the body: `connection`;
 - a body that ends without `message_stop`, or is cut inside an event: `connection`
   ("stream ended before message_stop"), after every whole event before it was yielded.
@@ -40,6 +50,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
+from queryloop.runtime.loop.max_tokens import parse_context_overflow, parse_model_output_cap
 from queryloop.runtime.loop.model import ModelError, ModelErrorKind, ModelRequest, is_prompt_too_long
 
 if TYPE_CHECKING:
@@ -49,7 +60,7 @@ if TYPE_CHECKING:
     import httpx2
     from anthropic.types import MessageParam, TextBlockParam, ThinkingConfigParam, ToolUnionParam
 
-__all__ = ["AnthropicModel", "classify_status", "model_error_from_sdk", "parse_retry_after"]
+__all__ = ["AnthropicModel", "classify_status", "model_error_from_sdk", "parse_retry_after", "parse_should_retry"]
 
 IMAGE_SIZE_MARKERS = ("image exceeds", "image too large", "image dimensions")
 
@@ -216,11 +227,13 @@ def _from_status_error(exc: anthropic.APIStatusError) -> ModelError:
         in_stream = f"{message} (in-stream error event {error_type or 'of unknown type'} on HTTP 200)"
         return ModelError(classify_status(status, message), in_stream, status=status)
     status = exc.status_code
+    headers = exc.response.headers
     return ModelError(
         classify_status(status, message),
         message,
         status=status,
-        retry_after=parse_retry_after(exc.response.headers),
+        retry_after=parse_retry_after(headers),
+        should_retry=parse_should_retry(headers),
     )
 
 
@@ -238,6 +251,10 @@ KIND_OF_STATUS: dict[int, ModelErrorKind] = {
 def classify_status(status: int, message: str) -> ModelErrorKind:
     """The `ModelError.kind` of an HTTP error status and its API message."""
     if status in (400, 413):
+        if status == 400 and parse_context_overflow(message) is not None:
+            return "context_overflow"
+        if status == 400 and parse_model_output_cap(message) is not None:
+            return "max_tokens_cap"
         if is_prompt_too_long(status, message):
             return "prompt_too_long"
         if any(marker in message.lower() for marker in IMAGE_SIZE_MARKERS):
@@ -265,6 +282,14 @@ def parse_retry_after(headers: httpx2.Headers) -> float | None:
     return _wait(email.utils.mktime_tz(parsed) - time.time())
 
 
+def parse_should_retry(headers: httpx2.Headers) -> bool | None:
+    """The server's `x-should-retry` verdict: True, False, or None (absent or neither word)."""
+    raw = headers.get("x-should-retry")
+    if raw is None:
+        return None
+    return {"true": True, "false": False}.get(raw.strip().lower())
+
+
 def _wait(seconds: float) -> float | None:
     # "nan"/"inf" parse as floats; a retry loop must never sleep on them.
     return max(seconds, 0.0) if math.isfinite(seconds) else None
@@ -287,7 +312,10 @@ def _decode_event(name: str | None, data: str, response: httpx2.Response, *, at_
         sdk_error = anthropic.APIStatusError(f"{body}", response=response, body=body)
         raise _from_status_error(sdk_error)
     if isinstance(payload, dict):
-        return cast("dict[str, Any]", payload)
+        if isinstance(payload.get("type"), str):
+            return cast("dict[str, Any]", payload)
+        # Nothing downstream can tell what it is: a protocol error of the server, said as such.
+        raise ModelError("api_error", f"malformed stream event {name!r}: no type in {data[:200]!r}")
     if at_eof:
         raise ModelError("connection", "stream ended before message_stop (cut inside an event)")
     raise ModelError("api_error", f"malformed stream event {name!r}: {data[:200]!r}")

@@ -33,6 +33,14 @@ recorded ones in `shared/fixtures/errors`. Entries only a real wire can express 
   then `event: error` with the `overloaded_error` body, and the connection closes;
 - `{"error": "request_too_large"}`: the 413 Cloudflare answers before the API sees the request,
   whose body has no top-level `type` and no `request_id`;
+- `{"error": "malformed_event", "after_events": N, "event": {...}}`: a 200 stream of N events of
+  `content`, then one event whose data is `event` (by default an object without a `type`), and the
+  connection closes;
+- `{"error": "http", "status": S, "body": {...}, "headers": {...}}` (`HttpError`): a response of
+  exactly that status, JSON body and headers (e.g. `{"x-should-retry": "false"}`), no others
+  but the framing ones; or `{"error": "http", "fixture": PATH}`: the status, headers and body of a
+  recorded error file (`shared/fixtures/errors/*.json`), with `status`, `body` and `headers` given
+  beside it laid over the recorded ones;
 - a reply with `"stall_after_events": N`: its first N events at once, then its whole `latency_ms`
   of silence, then the rest (a stream that stalls mid-way, to abort it there);
 - `{"sse": BODY}`: a recorded response body (`shared/fixtures/sse/*.sse`) sent byte for byte as a
@@ -66,6 +74,7 @@ from queryloop.runtime.providers.wire_script import (
     IMAGE_SIZE_MESSAGE,
     PROMPT_TOO_LONG_MESSAGE,
     RATE_LIMIT_MESSAGE,
+    HttpError,
     RawBytes,
     RecordedStream,
     Sleep,
@@ -86,7 +95,15 @@ from queryloop.runtime.providers.wire_script import (
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["LocalMessagesAPI", "ReceivedRequest", "StalledReply", "WireEntry", "WireFault", "parse_wire_entry"]
+__all__ = [
+    "HttpError",
+    "LocalMessagesAPI",
+    "ReceivedRequest",
+    "StalledReply",
+    "WireEntry",
+    "WireFault",
+    "parse_wire_entry",
+]
 
 RECEIVE_SIZE = 65536
 
@@ -293,6 +310,9 @@ class LocalMessagesAPI:
             await self._send_stream(conn, stream, recorded_plan(entry), request_id)
         elif isinstance(entry, WireFault):
             await self._fault(conn, stream, entry, model=model, message_id=message_id, request_id=request_id)
+        elif isinstance(entry, HttpError):
+            await trio.sleep(entry.latency_ms / 1000)
+            await _send_json(conn, stream, entry.status, entry.body, headers=entry.header_list())
         else:
             await self._error(conn, stream, entry, model=model, message_id=message_id, request_id=request_id)
 
@@ -359,13 +379,16 @@ class LocalMessagesAPI:
             Sleep(entry.latency_ms / 2000),
             *with_ping([SseEvent(e) for e in events[: entry.after_events]]),
         ]
-        # The recorded in-stream error (shared/fixtures/sse/derived_midstream_overloaded_error.sse).
-        error = {
-            "type": "error",
-            "error": {"details": None, "type": "overloaded_error", "message": "Overloaded"},
-            "request_id": request_id,
-        }
-        steps.append(SseEvent(error))
+        if entry.error == "malformed_event":
+            steps.append(SseEvent(entry.event))
+        else:
+            # The recorded in-stream error (shared/fixtures/sse/derived_midstream_overloaded_error.sse).
+            error = {
+                "type": "error",
+                "error": {"details": None, "type": "overloaded_error", "message": "Overloaded"},
+                "request_id": request_id,
+            }
+            steps.append(SseEvent(error))
         await self._send_stream(conn, stream, StreamPlan(steps=steps, ending="error_event"), request_id)
 
     async def _send_stream(
@@ -426,12 +449,12 @@ async def _send_json(
     conn: h11.Connection,
     stream: trio.SocketStream,
     status: int,
-    body: dict[str, Any],
+    body: dict[str, Any] | None,
     *,
     request_id: str | None = None,
     headers: Sequence[tuple[str, str]] = (),
 ) -> None:
-    payload = json.dumps(body).encode()
+    payload = b"" if body is None else json.dumps(body).encode()
     all_headers = [("content-type", "application/json"), ("content-length", str(len(payload))), *headers]
     if request_id is not None:
         all_headers.append(("request-id", request_id))

@@ -1,6 +1,6 @@
 """The script a `LocalMessagesAPI` plays: its entries (`ScriptedModel`'s, plus the faults only a real
-wire shows, and recorded bodies replayed byte for byte) and the plan of what one response sends
-(events, silences, how the body ends).
+wire shows, HTTP errors given verbatim or read from a recorded file, and recorded bodies replayed
+byte for byte) and the plan of what one response sends (events, silences, how the body ends).
 
 Pure data and functions: the server (`local_api`) turns a plan into HTTP. Imports `scripted`.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,14 +33,54 @@ class WireFault(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    error: Literal["midstream_overloaded", "request_too_large"]
+    error: Literal["midstream_overloaded", "request_too_large", "malformed_event"]
     after_events: int = Field(default=0, ge=0)
-    """For `midstream_overloaded`: how many events of `content` stream before the error event."""
+    """For `midstream_overloaded` and `malformed_event`: how many events of `content` stream before the bad one."""
     content: list[dict[str, Any]] = Field(default_factory=lambda: [{"type": "text", "text": "An answer cut"}])
+    event: dict[str, Any] = Field(default_factory=lambda: {"index": 0, "delta": {"type": "text_delta", "text": "?"}})
+    """For `malformed_event`: the data of the event sent in place of the rest (by default one without a `type`)."""
     latency_ms: float = Field(default=0, ge=0)
 
 
-WIRE_FAULTS = frozenset({"midstream_overloaded", "request_too_large"})
+WIRE_FAULTS = frozenset({"midstream_overloaded", "request_too_large", "malformed_event"})
+
+# Set by the server itself from the body it sends.
+COMPUTED_HEADERS = frozenset({"content-length", "content-type", "transfer-encoding"})
+
+
+class HttpError(BaseModel):
+    """`{"error": "http", "status": S, "body": {...}, "headers": {...}}`: answer with exactly that.
+
+    Or `{"error": "http", "fixture": PATH}`: the status, headers and body of a recorded error file
+    (`{"status", "headers", "body"}`, as in `shared/fixtures/errors`), read when the entry is parsed;
+    `status` and `body` given beside it replace the recorded ones and `headers` are added over the
+    recorded headers (e.g. `{"x-should-retry": "false"}`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    error: Literal["http"]
+    status: int = Field(ge=400, le=599)
+    body: dict[str, Any] | None = None
+    """None: an empty body."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Sent as given (lower-cased), except the framing headers, which the server computes."""
+    latency_ms: float = Field(default=0, ge=0)
+
+    def header_list(self) -> list[tuple[str, str]]:
+        return [(k.lower(), v) for k, v in self.headers.items() if k.lower() not in COMPUTED_HEADERS]
+
+
+def http_error_entry(raw: dict[str, Any]) -> HttpError:
+    """An `HttpError` of a script entry, its `fixture` file (if any) read and merged under the entry's own keys."""
+    fields = dict(raw)
+    fixture = fields.pop("fixture", None)
+    if fixture is not None:
+        recorded = json.loads(Path(fixture).read_text(encoding="utf-8"))
+        headers = {str(k).lower(): str(v) for k, v in (recorded.get("headers") or {}).items()}
+        headers.update({k.lower(): v for k, v in (fields.pop("headers", None) or {}).items()})
+        fields = {"status": recorded["status"], "body": recorded.get("body"), **fields, "headers": headers}
+    return HttpError.model_validate(fields)
 
 
 @dataclass(frozen=True)
@@ -57,7 +98,7 @@ class RecordedStream:
     body: bytes
 
 
-WireEntry = ScriptEntry | WireFault | StalledReply | RecordedStream
+WireEntry = ScriptEntry | WireFault | HttpError | StalledReply | RecordedStream
 
 
 def parse_wire_entry(raw: WireEntry | dict[str, Any]) -> WireEntry:
@@ -72,6 +113,8 @@ def parse_wire_entry(raw: WireEntry | dict[str, Any]) -> WireEntry:
         return RecordedStream(body=body.encode() if isinstance(body, str) else body)
     if raw.get("error") in WIRE_FAULTS:
         return WireFault.model_validate(raw)
+    if raw.get("error") == "http":
+        return http_error_entry(raw)
     if "stall_after_events" in raw:
         fields = dict(raw)
         after = fields.pop("stall_after_events")
