@@ -12,7 +12,7 @@ from queryloop.runtime.host import _gc
 
 HOST = (700, 10, 10)
 """CPython's defaults, set explicitly so that the tests do not depend on the process they run in."""
-TUNED = (_gc.YOUNG_THRESHOLD, 10, _gc.OLD_THRESHOLD)
+TUNED = (_gc.YOUNG_THRESHOLD, _gc.MIDDLE_THRESHOLD, _gc.OLD_THRESHOLD)
 
 
 @pytest.fixture(autouse=True)

@@ -64,7 +64,8 @@ class Runtime:
         `tune_gc` (off by default: a library leaves its host's process settings alone): a host that
         owns its process and runs hundreds of loops at once should pass True. While a runtime opened
         so is open, the collector's youngest generation is collected every 10,000 allocations instead
-        of 700 and full collections are considered after 100 middle ones instead of 10; the thresholds
+        of 700, the middle one after 100 young collections instead of 10, and full collections are
+        considered after 100 middle ones instead of 10; the thresholds
         are put back when the last such runtime closes. At a thousand loops in flight that gave the
         runtime 1.4× the throughput of `bench loops` and cut the abort p99 of `bench abort` by 30 % (medians
         against one untuned baseline, docs/collector.md; why: `queryloop.runtime.host._gc`). A host may instead
