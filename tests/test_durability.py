@@ -7,6 +7,7 @@ query's end. The last test kills a real session with SIGKILL at random moments.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -262,7 +263,8 @@ async def run_and_kill(path: Path, stderr: Path, after: bytes, delay: float) -> 
                 assert chunk, f"the child ended before it reported {after!r}; see {stderr}"
                 reported += chunk
         await trio.sleep(delay)  # the moment of the kill, relative to the child's report
-        os.kill(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended on its own already
+            os.kill(process.pid, signal.SIGKILL)
         with trio.fail_after(10):
             await process.wait()
             # What the child wrote before it died is still in the pipe.
@@ -281,7 +283,7 @@ async def run_and_kill(path: Path, stderr: Path, after: bytes, delay: float) -> 
 async def test_sigkill_at_random_moments_loses_nothing_the_consumer_received_20_times(tmp_path: Path) -> None:
     started = time.monotonic()
     rng = random.Random(14)
-    early = 0
+    cut_mid_query = 0
     for attempt in range(20):
         path = tmp_path / f"killed-{attempt}.jsonl"
         if attempt % 2 == 0:  # in the first response: its first milliseconds (no block yet), then its blocks
@@ -291,7 +293,7 @@ async def test_sigkill_at_random_moments_loses_nothing_the_consumer_received_20_
             after, delay = b"ready", rng.uniform(0, 0.1)
         lines = await run_and_kill(path, tmp_path / f"stderr-{attempt}.txt", after, delay)
         received = [line for line in lines if line not in ("ready", "request", "done")]
-        early += not received
+        cut_mid_query += bool(received) and "done" not in lines
         loaded = load_transcript(path)
         assert loaded.problems == [], (attempt, loaded.problems)
         async with Runtime.open() as runtime:
@@ -312,5 +314,5 @@ async def test_sigkill_at_random_moments_loses_nothing_the_consumer_received_20_
             expected = normalize_messages_for_api([*resumed, UserMessage(content="Go on")])
             assert model.requests[0].messages == expected
             await session.close()
-    assert early < 20  # some kills came after messages reached the consumer
+    assert cut_mid_query >= 3  # not only before the first message or after the end
     assert time.monotonic() - started < 45
