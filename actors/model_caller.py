@@ -12,7 +12,9 @@ such a response, a stop hook's feedback or a token-budget nudge, is sent as a
 ends. An abort cancels the task (the call in flight, if any: closing the provider's
 stream stops billing) and is acked once it has unwound. The call's own events go straight to the
 query's event channel, in production order: every raw event as a `StreamEvent`
-and an `AssistantMessage` for each content block as it completes. The QueryLoop
+and an `AssistantMessage` for each content block as it completes (its transcript record buffered
+in the session's log first, so that the consumer's handle writes it before taking the message:
+`runtime.loop.persistence`). The QueryLoop
 gets, through the turn channel, each `AssistantMessage` once the consumer has it
 (to record it and pair its tool uses) and a final `CallEnded`. Each completed
 `tool_use` goes to the StreamingToolExecutor right after its message, while the
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
     from queryloop.actors.tool_executor import StreamingToolExecutor
+    from queryloop.runtime.loop.persistence import TranscriptLog
 
 PROMPT_TOO_LONG_ERROR_MESSAGE = "Prompt is too long"
 CONTEXT_WINDOW_EXCEEDED_MESSAGE = (
@@ -186,6 +189,9 @@ class StartCall(CarrierMessage):
     """Persistent overload (retries exhausted on 529s) then asks for the fallback model, as the reference does."""
     feed: CallFeed | None = None
     """The query's feed: the task this call starts runs the query's later calls from it (None: this call only)."""
+    transcript: TranscriptLog | None = None
+    """The session's log: each message's record is buffered there before the consumer can take the message
+    (`persistence`'s rule); the QueryLoop then does not log it again."""
 
 
 @record
@@ -416,6 +422,9 @@ class ModelCaller(TrioActor):
         # two. So the message never waits for the consumer (one per block past the bound: its stream events
         # wait): a consumer must not hold a tool_use the loop has not seen, which no abort would answer.
         progress = call.progress
+        log = call.transcript
+        if log is not None:
+            log.append(message)  # before the push: the consumer's handle writes the buffer before it takes an event
         if not progress.consumer_gone:
             try:
                 call.events.push(message)

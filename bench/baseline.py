@@ -6,12 +6,19 @@ ones in parallel, started as their blocks complete), builds the same transcript 
 the same kinds of events. An abort cancels the current phase and the loop answers every
 open `tool_use` before its result event, as the runtime does. What the ratio measures is
 therefore what the actors, the supervision and the abort protocol cost.
+
+With a `log` (a `BaselineLog`, opened and closed by the caller), the loop logs its conversation
+there as the runtime's durable transcript does: each transcript message written (a `write`
+syscall) before it is yielded, and an fsync, in a worker thread, after each turn and at the end.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -53,11 +60,31 @@ class BaselineAbort:
             self.scope.cancel()
 
 
+class BaselineLog:
+    """The baseline's transcript file: one JSON line a message, written at once; `sync` fsyncs off the trio thread."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._fd, b'{"type":"session","session_id":"baseline","version":1}\n')
+
+    def write(self, message: TranscriptMessage) -> None:
+        line = json.dumps(message.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")) + "\n"
+        os.write(self._fd, line.encode())
+
+    async def sync(self) -> None:
+        await trio.to_thread.run_sync(os.fsync, self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the reference's is
-    model: ScriptedModel, tools: list[Tool], prompt: str, abort: BaselineAbort
+    model: ScriptedModel, tools: list[Tool], prompt: str, abort: BaselineAbort, *, log: BaselineLog | None = None
 ) -> AsyncGenerator[Event, None]:
     by_name = {t.name: t for t in tools}
     messages: list[TranscriptMessage] = [UserMessage(content=prompt)]
+    if log is not None:
+        log.write(messages[0])
     normalizer = IncrementalNormalizer()
     usage = Usage()
     turns = 1
@@ -97,6 +124,8 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
                             usage=assembler.usage,
                         )
                         assistant.append(message)
+                        if log is not None:
+                            log.write(message)
                         yield message
                         if completed.block.get("type") == "tool_use":
                             pending += 1
@@ -107,6 +136,8 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
                     result = await receive.receive()
                     pending -= 1
                     results.append(result)
+                    if log is not None:
+                        log.write(result)
                     yield result
         abort.scope = None
         if abort.reason is not None:
@@ -116,11 +147,20 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
                 except trio.WouldBlock:
                     break
             for synthetic in missing_tool_results(assistant, results, INTERRUPTED_BY_USER):
+                if log is not None:
+                    log.write(synthetic)
                 yield synthetic
             if abort.reason != "interrupt":
-                yield UserMessage(content=[{"type": "text", "text": INTERRUPT_MESSAGE}])
+                interruption = UserMessage(content=[{"type": "text", "text": INTERRUPT_MESSAGE}])
+                if log is not None:
+                    log.write(interruption)
+                yield interruption
+            if log is not None:
+                await log.sync()
             yield _result("error_during_execution", usage, turns, stop_reason)
             return
+        if log is not None:
+            await log.sync()  # a turn's end, or the query's
         if not any(b.get("type") == "tool_use" for m in assistant for b in m.content):
             yield _result("success", usage, turns, stop_reason)
             return

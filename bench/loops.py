@@ -17,21 +17,30 @@ untuned pair's an `_untuned` suffix. `cpu_ratio` = the baseline's CPU per loop o
 over all rounds: the throughput ratio of a CPU-bound host, steadier than the best rounds' wall time
 on a shared machine. An untimed census round of each side (the collector off) counts the tracked
 objects alive at once: `in_flight_per_loop`. The two pairs take turns going first in a round.
+
+`--transcript`: every runtime session logs to a transcript file of its own (a fresh directory per
+round, under `--transcript-dir`), and the baseline writes the same messages to a file per loop, each
+before it is yielded, with an fsync (in a worker thread) after each turn and at the end: what a
+durable transcript costs, on both sides.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import statistics
+import tempfile
 import time
-from contextlib import aclosing
+from collections.abc import Iterator
+from contextlib import aclosing, contextmanager
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from bench import workload
-from bench.baseline import BaselineAbort, baseline_loop
+from bench.baseline import BaselineAbort, BaselineLog, baseline_loop
 from bench.collector import PAIRS, GcMeter, add_gc_arguments, gc_setting, in_flight
 from bench.profiling import RuntimeProfile, add_profile_argument
 from bench.report import check_plot_target, plot_throughput, progress
@@ -45,22 +54,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-ms", type=float, default=0.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plot", metavar="FILE.png", help="draw loops/s against concurrency")
+    parser.add_argument("--transcript", action="store_true", help="a transcript file per loop, on both sides")
+    parser.add_argument("--transcript-dir", default=None, help="where the transcript files go (default: temp dir)")
     add_gc_arguments(parser)
     add_profile_argument(parser)
 
 
+@contextmanager
+def transcript_dir(parent: str | None) -> Iterator[Path]:
+    """A fresh directory for one round's transcript files, removed (untimed) after it."""
+    directory = Path(tempfile.mkdtemp(prefix="bench-loops-", dir=parent))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 async def runtime_round(
-    concurrency: int, model_ms: float, tool_ms: float, *, tune_gc: bool = True, meter: GcMeter | None = None
+    concurrency: int,
+    model_ms: float,
+    tool_ms: float,
+    *,
+    tune_gc: bool = True,
+    meter: GcMeter | None = None,
+    transcripts: Path | None = None,
 ) -> tuple[float, list[float]]:
     latencies: list[float] = []
+    numbers = iter(range(concurrency))
     async with Runtime.open(tune_gc=tune_gc) as runtime:
         if meter is not None:
             meter.note_thresholds()
 
         async def one() -> None:
             start = time.perf_counter()
+            path = None if transcripts is None else transcripts / f"{next(numbers)}.jsonl"
             session = await runtime.open_session(
-                QueryOptions(provider=workload.model(model_ms), tools=workload.tools(tool_ms))
+                QueryOptions(provider=workload.model(model_ms), tools=workload.tools(tool_ms)), transcript=path
             )
             async for _ in session.query(workload.PROMPT):
                 pass
@@ -75,16 +104,24 @@ async def runtime_round(
     return elapsed, latencies
 
 
-async def baseline_round(concurrency: int, model_ms: float, tool_ms: float) -> tuple[float, list[float]]:
+async def baseline_round(
+    concurrency: int, model_ms: float, tool_ms: float, *, transcripts: Path | None = None
+) -> tuple[float, list[float]]:
     latencies: list[float] = []
+    numbers = iter(range(concurrency))
 
     async def one() -> None:
         start = time.perf_counter()
-        async with aclosing(
-            baseline_loop(workload.model(model_ms), workload.tools(tool_ms), workload.PROMPT, BaselineAbort())
-        ) as events:
-            async for _ in events:
-                pass
+        log = None if transcripts is None else BaselineLog(transcripts / f"{next(numbers)}.jsonl")
+        abort = BaselineAbort()
+        loop = baseline_loop(workload.model(model_ms), workload.tools(tool_ms), workload.PROMPT, abort, log=log)
+        try:
+            async with aclosing(loop) as events:
+                async for _ in events:
+                    pass
+        finally:
+            if log is not None:
+                log.close()
         latencies.append(time.perf_counter() - start)
 
     start = time.perf_counter()
@@ -153,12 +190,18 @@ async def measure_level(c: int, args: argparse.Namespace, profile: RuntimeProfil
         for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
             tuned = pair == "tuned"
             gc.collect()
-            with gc_setting(tuned), meters[pair]["baseline"]:
-                base[pair].append(await baseline_round(c, model_ms, tool_ms))
+            with transcript_dir(args.transcript_dir) as directory:
+                files = directory if args.transcript else None
+                with gc_setting(tuned), meters[pair]["baseline"]:
+                    base[pair].append(await baseline_round(c, model_ms, tool_ms, transcripts=files))
             gc.collect()
             meter = meters[pair]["runtime"]
-            with meter, profile.on():
-                ours[pair].append(await runtime_round(c, model_ms, tool_ms, tune_gc=tuned, meter=meter))
+            with transcript_dir(args.transcript_dir) as directory:
+                files = directory if args.transcript else None
+                with meter, profile.on():
+                    ours[pair].append(
+                        await runtime_round(c, model_ms, tool_ms, tune_gc=tuned, meter=meter, transcripts=files)
+                    )
             if meter.thresholds != meters[pair]["baseline"].thresholds:
                 msg = f"{pair}: the two sides ran under different thresholds ({meters[pair]})"
                 raise RuntimeError(msg)
@@ -168,7 +211,8 @@ async def measure_level(c: int, args: argparse.Namespace, profile: RuntimeProfil
         await baseline_round(c, model_ms, tool_ms)
     async with in_flight() as ours_census:
         await runtime_round(c, model_ms, tool_ms, tune_gc=False)
-    print(f"workload W, {c} loops at once, model {model_ms} ms, tools {tool_ms} ms, best of {args.rounds} rounds")
+    note = ", a transcript file per loop" if args.transcript else ""
+    print(f"workload W, {c} loops at once, model {model_ms} ms, tools {tool_ms} ms{note}, best of {args.rounds} rounds")
     print(
         f"  tracked objects alive at once, per loop at its busiest: runtime {ours_census.peak / c:.0f},"
         f" baseline {base_census.peak / c:.0f}"
@@ -197,6 +241,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "model_ms": args.model_ms,
         "tool_ms": args.tool_ms,
         "gc": args.gc,
+        "transcript": args.transcript,
         **points[-1],
         **profile.save(),
     }

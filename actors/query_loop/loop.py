@@ -25,8 +25,10 @@ what the consumer saw. The `result` is sent as soon as the ending is known; the
 stream ends once every helper's cancelled work has unwound.
 
 With a `TranscriptLog`, every message that joins the conversation (and every
-tombstone) is logged in the conversation's own order, and the log is flushed to
-disk at each continue site and when the query ends, before its `result`.
+tombstone) is logged, in the order it was emitted, before the consumer can take it
+(`runtime.loop.persistence`'s rule); the prompt is written to the OS as soon as it
+joins the conversation, before any request; the log is fsynced (off the trio thread)
+at each continue site and when the query ends, before its `result`.
 """
 
 from __future__ import annotations
@@ -207,6 +209,8 @@ class QueryLoop(QueryLoopContext):
                     )
                 )
             self._record(message.prompt)
+            if self.transcript is not None:
+                self.transcript.write()  # a kill from here on keeps the prompt (a compaction may call a model first)
             state = initial_state(list(self.conversation))
             if run.options.memory_prefetch is None:
                 terminal, state = await self._run_loop(run, state)

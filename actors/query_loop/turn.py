@@ -6,7 +6,9 @@ task for the query (`CallFeed`), waits on the turn's channel, and dispatches eac
 messages, tool results, progress, the call's end) as it arrives. That wait has no cancel scope: an
 abort wakes it (`Run.abort`) and the loop stops dispatching; the ending takes what is left.
 Every event a query emits goes through `_emit` (may wait for a slow consumer) or `_emit_now`
-(for an ending, never waits); a transcript message joins the conversation as it is emitted.
+(for an ending, never waits); a transcript message joins the conversation as it is emitted, and its
+record the session's log before the event is in the consumer's channel (the consumer's handle writes
+the log's buffer before it takes an event: `runtime.loop.persistence`'s rule).
 """
 
 from __future__ import annotations
@@ -132,6 +134,9 @@ class QueryLoopTurns(TrioActor):
                 if not refused:
                     turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
                 return turn, messages_for_query
+            if self.transcript is not None:  # logged as held already: retracted there too
+                for message in turn.held_results:
+                    self.transcript.append(TombstoneEvent(message_uuid=message.uuid))
             turn.held_results.clear()  # results of the abandoned response go with it
             for message in [*turn.assistant_messages, *turn.tool_results]:
                 await self._emit(run, TombstoneEvent(message_uuid=message.uuid))
@@ -171,7 +176,10 @@ class QueryLoopTurns(TrioActor):
             max_retries=options.max_retries,
             fallback_available=options.fallback_model is not None and options.fallback_model != run.model,
             feed=run.calls,
+            transcript=self.transcript,
         )
+        if self.transcript is not None:
+            self.transcript.write()  # what the request carries is in the file before it goes out
         if run.calls.accepting:
             run.calls.feed(call)  # to the ModelCaller's task for this query: no message, no new task
         else:
@@ -222,8 +230,6 @@ class QueryLoopTurns(TrioActor):
                 await self._emit(run, message, of_turn=turn)
         elif kind is CallEnded:
             usage = self._end_call(run, turn, item)
-            # The response is whole: make it durable before its tools (which may run long) finish.
-            await self._flush_transcript()
             if usage is None:
                 return
             ledger = self.ledger
@@ -283,9 +289,13 @@ class QueryLoopTurns(TrioActor):
     def _close_response(self, turn: Turn) -> None:
         """The response has no more blocks: the results held back join the conversation after it."""
         turn.response_closed = True
-        for message in turn.held_results:
-            self._record(message)
-        turn.held_results.clear()
+        held = turn.held_results
+        if not held:
+            return
+        self.conversation.extend(held)  # their records are in the log already, held: released there too
+        if self.transcript is not None:
+            self.transcript.release()
+        held.clear()
 
     async def _emit(self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False) -> None:
         """Send `event` to the consumer now (unless the ModelCaller has: `sent`); record a transcript message
@@ -295,7 +305,7 @@ class QueryLoopTurns(TrioActor):
         the conversation takes it only after the response's last block (`_close_response`), so
         that the stored history keeps each response whole, followed by its results.
         """
-        self._keep(run, event, of_turn)
+        self._keep(run, event, of_turn, sent)
         if run.consumer_open and not sent:
             try:
                 run.sink.send_nowait(event)
@@ -311,18 +321,25 @@ class QueryLoopTurns(TrioActor):
 
     def _emit_now(self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False) -> None:
         """`_emit` for a query's ending: never waits for the consumer (`EventChannel.push`)."""
-        self._keep(run, event, of_turn)
+        self._keep(run, event, of_turn, sent)
         if run.consumer_open and not sent:
             try:
                 run.sink.push(event)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 run.consumer_open = False
 
-    def _keep(self, run: Run, event: Event, of_turn: Turn | None) -> None:
-        """What emitting `event` does to the conversation (and the log)."""
+    def _keep(self, run: Run, event: Event, of_turn: Turn | None, logged: bool) -> None:
+        """What emitting `event` does to the conversation and the log (`logged`: by the ModelCaller already).
+
+        Before the event is sent: its record is buffered in the log, which the consumer's handle
+        writes before it takes an event. A held result is logged as held, at once."""
         if isinstance(event, TRANSCRIPT_TYPES):
             if of_turn is not None and not of_turn.response_closed:
                 of_turn.held_results.append(event)
+                if self.transcript is not None:
+                    self.transcript.append(event, held=True)
+            elif logged:
+                self.conversation.append(event)
             else:
                 self._record(event)
             if type(event) is AssistantMessage:

@@ -139,7 +139,7 @@ class Runtime:
         if transcript is not None:
             try:
                 log = await trio.to_thread.run_sync(open_log, transcript, group.session_id, loaded, resume)
-                await log.flush()  # the repairs (or the restored history) before any new message
+                await log.flush()  # the repairs (or the restored history) on disk before any new message
             except BaseException:
                 if log is not None:
                     log.close()
@@ -162,7 +162,7 @@ class Runtime:
             conversation=loaded.messages if loaded is not None else None,
             transcript=log,
         )
-        session = Session(group, options, loop)
+        session = Session(group, options, loop, log)
         self._sessions[session.id] = session
         return session
 

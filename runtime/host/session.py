@@ -34,16 +34,20 @@ if TYPE_CHECKING:
     from queryloop.runtime.errors import ActorCrashed
     from queryloop.runtime.kernel.messages import AbortAck, AbortReason
     from queryloop.runtime.kernel.supervisor import Supervisor
+    from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.loop.state import ContinueReason, Terminal
 
 
 class QueryHandle:
     """Iterate it for the query's events; then read `terminal`, `result`, `transitions`."""
 
-    def __init__(self, session: Session, events: EventChannel[Any], control: QueryControl) -> None:
+    def __init__(
+        self, session: Session, events: EventChannel[Any], control: QueryControl, transcript: TranscriptLog | None
+    ) -> None:
         self._session = session
         self._events = events
         self._control = control
+        self._transcript = transcript
         self.terminal: Terminal | None = None
         self.transitions: list[ContinueReason] = []
         self.result: ResultMessage | None = None
@@ -61,7 +65,7 @@ class QueryHandle:
         return self
 
     async def __anext__(self) -> QueryEvent:
-        events = self._events
+        events, transcript = self._events, self._transcript
         while True:
             # What is buffered already is returned at once; the loop waits only on an empty channel.
             if not events.items and not await events.wait():
@@ -69,6 +73,10 @@ class QueryHandle:
                 if failure is not None and self.result is None:
                     raise failure from None
                 raise StopAsyncIteration from None
+            if transcript is not None:
+                # Every message in the channel has its record in the log's buffer: written now, one syscall
+                # for all that arrived together, so nothing the consumer receives is lost to a kill.
+                transcript.write()
             item = events.take()
             kind = type(item)
             if kind is Settled:
@@ -124,10 +132,18 @@ class QueryHandle:
 class Session:
     """One conversation with its own actor group. Made by `Runtime.open_session`."""
 
-    def __init__(self, supervisor: Supervisor, options: QueryOptions, loop: ActorRef[QueryLoop]) -> None:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        options: QueryOptions,
+        loop: ActorRef[QueryLoop],
+        transcript: TranscriptLog | None = None,
+    ) -> None:
         self.supervisor = supervisor
         self.options = options
         self._loop = loop
+        self._transcript = transcript
+        """The session's log (the QueryLoop appends to it): each handle writes it before its consumer takes an event."""
         self._control: QueryControl | None = None
         self._current_events: EventChannel[Any] | None = None
         supervisor.add_crash_listener(self._crashed)
@@ -160,7 +176,7 @@ class Session:
         options = QueryOptions.model_validate({**dict(self.options), **overrides}) if overrides else self.options
         events: EventChannel[Any] = EventChannel(options.event_buffer)
         control = QueryControl()
-        handle = QueryHandle(self, events, control)
+        handle = QueryHandle(self, events, control, self._transcript)
         self._control, self._current_events = control, events
         self._loop.tell(RunQuery(prompt=prompt_message, options=options, sink=events, control=control))
         return handle

@@ -2,13 +2,30 @@
 
 One JSON record a line:
 
-* `{"type": "session", "session_id": ..., "version": 1}`: the first line of a new file;
+* `{"type": "session", "session_id": ..., "version": 2}`: the first line of a new file;
 * a transcript message (`user`, `assistant`, `system`, `attachment`), its `model_dump(mode="json")`;
+  with `"held": true`, a tool's result (or a hook's message) emitted while its response still
+  streamed: it joins the conversation at the next `release` record (or at the end of the file);
+* `{"type": "release"}`: the held messages join the conversation here (their response is whole);
 * `{"type": "tombstone", "message_uuid": ...}`: an earlier message retracted (a fallback's abandoned response).
 
-`TranscriptLog` buffers records in memory; `flush()` writes and fsyncs them in a worker
-thread, so the trio thread never waits on the disk. The QueryLoop flushes at turn
-boundaries: a crash loses at most the turn in progress.
+The rule (docs/design.md, "Durability"): nothing the consumer saw is lost to a crash.
+
+* `append` only buffers a record; `write()` hands what is buffered to the OS in one `write`
+  syscall on the calling (trio) thread: a few hundred bytes, microseconds. A killed process
+  loses nothing that was written; only a lost machine can.
+* Every message is in the buffer before its event is in the consumer's channel (the QueryLoop
+  appends as it emits, the ModelCaller as it hands a response's block over), and the
+  consumer's `QueryHandle` calls `write()` before it takes an event: whatever the consumer has
+  received is in the file. Messages that arrive together share one write.
+* The prompt is written as soon as it joins the conversation, and whatever the conversation
+  holds is written before any model request goes out.
+* `flush()` writes, then fsyncs in a worker thread (the trio thread never waits on the disk):
+  at each continue site and at the end of a query, before its `result`; so a machine that
+  loses power loses at most the turn in progress.
+
+Every write happens on the trio thread, in the order of the appends: the worker thread only
+fsyncs, so a write can never overtake another.
 
 `load_transcript` never fails on a damaged line: it skips it and says so in `problems`
 (a crash mid-write leaves a partial last line; a corrupt line elsewhere is skipped the
@@ -20,9 +37,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 from pydantic import TypeAdapter, ValidationError
@@ -36,7 +54,10 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.transcript import missing_tool_results, transcript_problems
 
-TRANSCRIPT_VERSION = 1
+TRANSCRIPT_VERSION = 2
+"""2: held messages and `release` records (a version 1 file has neither, and reads the same)."""
+_READABLE_VERSIONS = frozenset({1, 2})
+_RELEASE = b'{"type":"release"}\n'
 
 INTERRUPTED_BY_CRASH = "Interrupted: the session ended before this tool returned"
 """The synthetic result of a tool_use that a crash left without one."""
@@ -56,23 +77,24 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _write_durably(fd: int, data: bytes) -> None:
-    _write_all(fd, data)
-    os.fsync(fd)
-
-
 class TranscriptLog:
-    """Appends a session's transcript records to `path`; durable once `flush()` has returned.
+    """Appends a session's transcript records to `path`: in the file (the OS's) once `write()` has
+    returned, on disk once `flush()` has (see the module docstring for who calls which, when).
 
     The file is opened at once (a bad path fails when the session opens, not mid-query).
     A new file starts with the session record; a file whose last line a crash cut short
     gets that line ended first, so the first new record is not glued to the fragment.
     """
 
+    fsync: ClassVar[Callable[[int], None]] = staticmethod(os.fsync)
+    """How `flush()` makes the file durable (run in a worker thread); a test may count the calls."""
+
     def __init__(self, path: str | os.PathLike[str], session_id: str) -> None:
         self.path = Path(path)
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._pending: list[bytes] = []
+        self._unsynced = False
+        """Something was written since the last fsync began."""
         self._lock = trio.Lock()
         size = os.fstat(self._fd).st_size
         self.is_new = size == 0
@@ -82,27 +104,51 @@ class TranscriptLog:
         elif os.pread(self._fd, 1, size - 1) != b"\n":
             self._pending.append(b"\n")
 
-    def append(self, message: TranscriptMessage | TombstoneEvent) -> None:
-        """Buffer one record: a transcript message, or the tombstone that retracts one."""
+    def append(self, message: TranscriptMessage | TombstoneEvent, *, held: bool = False) -> None:
+        """Buffer one record: a transcript message, or the tombstone that retracts one.
+
+        `held`: a message that joins the conversation only at the next `release()` (a tool's
+        result emitted while its response still streams: the file keeps the order of the
+        emission, the conversation its own)."""
         if self._fd is None:
             msg = f"transcript log {self.path} is closed"
             raise ValueError(msg)
-        self._pending.append(_line(message.model_dump(mode="json")))
+        record = message.model_dump(mode="json")
+        if held:
+            record["held"] = True
+        self._pending.append(_line(record))
+
+    def release(self) -> None:
+        """Buffer a `release` record: the held messages join the conversation here."""
+        self._pending.append(_RELEASE)
+
+    def write(self) -> None:
+        """Hand what is buffered to the OS, in one syscall (none if nothing is): a SIGKILL keeps it.
+
+        Synchronous, on the trio thread: the records are small, and a write that waited for a
+        thread could be overtaken by the next one. An error (a full disk) is raised here.
+        """
+        pending = self._pending
+        if not pending or self._fd is None:
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        self._unsynced = True
+        _write_all(self._fd, data)
 
     async def flush(self) -> None:
-        """Write what is buffered and fsync it, off the trio thread; on disk when this returns.
+        """`write()`, then fsync off the trio thread (skipped if nothing was written since the last).
 
-        Shielded from cancellation: taking the records from the buffer and writing them is one
-        step (to_thread checks for cancellation before its thread starts, which would drop what
-        was taken). It is bounded by the disk, not by anything that can hang.
+        On disk when this returns. Shielded from cancellation: an fsync is bounded by the disk,
+        not by anything that can hang, and a caller cut mid-way would not know what is durable.
         """
+        self.write()
         with trio.CancelScope(shield=True):
             async with self._lock:
-                if not self._pending or self._fd is None:
+                if not self._unsynced or self._fd is None:
                     return
-                data = b"".join(self._pending)
-                self._pending.clear()
-                await trio.to_thread.run_sync(_write_durably, self._fd, data)
+                self._unsynced = False  # what is written from now on waits for the next fsync
+                await trio.to_thread.run_sync(type(self).fsync, self._fd)
 
     def close(self) -> None:
         """Write what is still buffered (not fsynced: this must not wait on the disk), then close. Idempotent."""
@@ -138,6 +184,7 @@ def load_transcript(path: str | os.PathLike[str]) -> LoadedTranscript:
     lines = Path(path).read_bytes().split(b"\n")
     session_id: str | None = None
     messages: list[TranscriptMessage] = []
+    held: list[TranscriptMessage] = []  # waiting for their `release` (or the end of the file)
     problems: list[str] = []
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -151,19 +198,29 @@ def load_transcript(path: str | os.PathLike[str]) -> LoadedTranscript:
             continue
         kind = record.get("type") if isinstance(record, dict) else None
         if kind == "session":
-            if record.get("version") != TRANSCRIPT_VERSION:
-                problems.append(f"line {number}: transcript version {record.get('version')!r}, read as version 1")
+            version = record.get("version")
+            if not isinstance(version, int) or version not in _READABLE_VERSIONS:
+                problems.append(f"line {number}: transcript version {version!r}, read as version {TRANSCRIPT_VERSION}")
             if session_id is None and isinstance(record.get("session_id"), str):
                 session_id = record["session_id"]
         elif kind == "tombstone":
-            messages = [m for m in messages if m.uuid != record.get("message_uuid")]
+            retracted = record.get("message_uuid")
+            messages = [m for m in messages if m.uuid != retracted]
+            held = [m for m in held if m.uuid != retracted]
+        elif kind == "release":
+            messages.extend(held)
+            held.clear()
         elif kind in _MESSAGE_TYPES:
+            waits = record.pop("held", False) is True
             try:
-                messages.append(_messages.validate_python(record))
+                (held if waits else messages).append(_messages.validate_python(record))
             except ValidationError as error:
                 problems.append(f"line {number}: {damage} {kind} record skipped ({error.error_count()} invalid fields)")
         else:
             problems.append(f"line {number}: {damage} record skipped (unknown type {kind!r})")
+    # Held messages never released: the crash came before their response was whole. They follow
+    # what there is of it, as they would have followed all of it.
+    messages.extend(held)
     if session_id is None:
         problems.append("no session record: the session id is unknown")
     repairs = answer_open_tool_uses(messages)
@@ -206,10 +263,13 @@ def open_log(
 
     Back into the file it was loaded from, only what the loading added (the repairs) is
     written; the rest is there already. Into any other file, the restored conversation first.
+    Written at once (a caller runs this in a worker thread: a whole history may be long); the
+    caller's `flush()` then only fsyncs.
     """
     log = TranscriptLog(path, session_id)
     if resumed is not None:
         same = resumed_from is not None and not log.is_new and os.path.samefile(path, resumed_from)
         for message in resumed.repairs if same else resumed.messages:
             log.append(message)
+    log.write()
     return log
