@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from queryloop import Runtime
 from queryloop.runtime.loop.context import ContextLimits
 from queryloop.runtime.loop.decisions import context_is_full, pause_turn_may_continue
@@ -20,6 +22,7 @@ from queryloop.runtime.loop.state import (
 )
 from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import Ran, assert_settled, consume, text_reply
+from tests.test_wire_e2e import DEADLINE_S, served
 
 SERVER_TOOL_TURN: list[dict[str, Any]] = [
     {"type": "text", "text": "Searching."},
@@ -148,3 +151,32 @@ async def test_model_context_window_exceeded_with_a_full_input_compacts_first() 
         assert ran.handle.transitions == ["reactive_compact_retry"]
         assert len(compactor.requests) == 1
         await assert_settled(ran)
+
+
+async def test_model_context_window_exceeded_through_the_real_sdk_is_recovered_or_compacted() -> None:
+    """Both branches of the rule, the stop reason arriving over HTTP through the `anthropic` SDK."""
+    cut = {"content": [{"type": "text", "text": "The answer is"}], "stop_reason": "model_context_window_exceeded"}
+    full = {**cut, "usage": {"input_tokens": 30_000, "output_tokens": 12_000}}
+    compactor = ScriptedModel([text_reply("The user asked about the weather.")], name="compactor")
+    with trio.fail_after(DEADLINE_S):
+        async with (
+            served([cut, text_reply("42."), full, text_reply("Sunny.")]) as (api, model),
+            Runtime.open() as runtime,
+        ):
+            options = QueryOptions(
+                provider=model, context_window=50_000, compact_provider=compactor, context_collapse=False
+            )
+            session = await runtime.open_session(options)
+            first = session.query("What is the answer?")
+            async for _ in first:
+                pass
+            second = session.query("And the weather?")
+            async for _ in second:
+                pass
+            await session.close()
+    assert first.transitions == ["max_output_tokens_escalate"]
+    assert api.requests[1].body["max_tokens"] == 64_000  # the same input, the escalated limit
+    assert second.transitions == ["reactive_compact_retry"]
+    assert len(compactor.requests) == 1
+    assert first.result is not None and second.result is not None
+    assert (first.result.result, second.result.result) == ("42.", "Sunny.")
