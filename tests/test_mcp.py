@@ -17,6 +17,16 @@ from typing import Any
 import pytest
 import trio
 from loguru import logger
+from mcp_types import (
+    AudioContent,
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+)
 
 from queryloop import (
     McpHttpServer,
@@ -29,6 +39,7 @@ from queryloop import (
     Tool,
     ToolContext,
 )
+from queryloop.runtime.mcp.content import error_text, result_output, tool_name
 from tests.helpers import Ran, assert_settled, consume, text_reply, tool_use, tools_reply
 
 SERVER = Path(__file__).with_name("mcp_server.py")
@@ -117,6 +128,39 @@ def test_a_tool_takes_a_raw_json_schema_passed_as_is_and_its_input_unvalidated()
     assert raw.parse_input({"anything": 1}) == {"anything": 1}
     with pytest.raises(ValueError, match="not both"):
         Tool(name="both", call=call, input_schema=ECHO_SCHEMA, input_model=Tool)
+
+
+def test_mcp_results_become_blocks_the_messages_api_takes() -> None:
+    assert tool_name("my server", "read.file") == "mcp__my_server__read_file"
+    assert result_output(CallToolResult(content=[TextContent(text="a"), TextContent(text="b")])) == "a\nb"
+    assert result_output(CallToolResult(content=[], structured_content={"n": 1})) == '{"n": 1}'
+    blocks = result_output(
+        CallToolResult(
+            content=[
+                ImageContent(data="AAAA", mime_type="image/png"),
+                ImageContent(data="AAAA", mime_type="image/tiff"),
+                EmbeddedResource(resource=TextResourceContents(uri="file:///a.txt", text="hello")),
+                EmbeddedResource(
+                    resource=BlobResourceContents(uri="file:///b.jpg", blob="AAAA", mime_type="image/jpeg")
+                ),
+                EmbeddedResource(resource=BlobResourceContents(uri="file:///c.bin", blob="AAAA")),
+                AudioContent(data="AAAA", mime_type="audio/wav"),
+                ResourceLink(name="d", uri="file:///d.txt"),
+            ]
+        )
+    )
+    png = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    jpeg = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "AAAA"}}
+    assert isinstance(blocks, list) and blocks[0] == png and blocks[3] == jpeg
+    texts = [block["text"] for block in blocks if block["type"] == "text"]
+    assert texts == [
+        "[image/tiff image, not shown: the model cannot read it]",
+        "[resource file:///a.txt]\nhello",
+        "[resource file:///c.bin: application/octet-stream content, not shown]",
+        "[audio/wav audio, not shown: the model cannot read it]",
+        "[resource link d file:///d.txt]",
+    ]
+    assert error_text(CallToolResult(content=[], is_error=True)) == "the tool reported an error without a message"
 
 
 # ---------------------------------------------------------------- stdio
