@@ -14,6 +14,7 @@ from loguru import logger
 from queryloop.runtime.errors import (
     ActorCrashed,
     BlockingCallOnTrioThread,
+    McpServerUnavailable,
     NotInSession,
     NotInTrio,
     QueryInProgress,
@@ -54,6 +55,7 @@ from queryloop.runtime.loop.pricing import Pricing
 from queryloop.runtime.loop.state import ContinueReason, Terminal, TerminalReason
 from queryloop.runtime.loop.tools import Allow, CanUseTool, Deny, PermissionResult, Tool, ToolContext, ToolError, tool
 from queryloop.runtime.loop.transcript import transcript_problems
+from queryloop.runtime.mcp.servers import McpHttpServer, McpStdioServer
 from queryloop.runtime.providers.anthropic_model import AnthropicModel
 from queryloop.runtime.providers.local_api import LocalMessagesAPI
 from queryloop.runtime.providers.scripted import (
@@ -95,6 +97,9 @@ __all__ = [
     "HookDecision",
     "LoadedTranscript",
     "LocalMessagesAPI",
+    "McpHttpServer",
+    "McpServerUnavailable",
+    "McpStdioServer",
     "Message",
     "ModelError",
     "ModelProvider",

@@ -10,8 +10,10 @@
   it holds with the outside (the model provider protocol, tools, hooks, options). Imports `errors` and `_records`.
 - `providers`: model providers behind `loop.model.ModelProvider` (scripted, Anthropic) and a local
   Messages API server. Imports `loop`.
+- `mcp`: clients of MCP servers, one per server per runtime, and the `Tool`s that call them. Imports
+  `loop`; the `mcp` SDK (an optional extra) only in the modules the host imports to open a server.
 - `host`: what a host embeds: `Runtime`, `Session`, `QueryHandle`, the blocking facade. Imports
-  `kernel`, `loop` and `queryloop.actors` (which import `kernel` and `loop`, never this package's
+  `kernel`, `loop`, `mcp` and `queryloop.actors` (which import `kernel` and `loop`, never this package's
   upper layers).
 - `cli`: the `queryloop` command, its demo and the scenario runner. May import everything.
 

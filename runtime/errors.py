@@ -58,3 +58,11 @@ class SessionClosed(QueryloopError):
 
 class QueryInProgress(QueryloopError):
     """A query is already running in this session, and another is already queued behind it."""
+
+
+class McpServerUnavailable(QueryloopError):
+    """`Runtime.open_mcp` could not start or reach an MCP server, or list its tools (the message says why).
+
+    Nothing of it was kept: fix the command or the URL and open it again. Once open, a server that
+    fails is never raised: its calls become error results and it is restarted on next use.
+    """

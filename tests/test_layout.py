@@ -20,7 +20,8 @@ ALLOWED: dict[str, set[str]] = {
     "queryloop.runtime.loop": {"queryloop.runtime.errors"},
     "queryloop.runtime.providers": {"queryloop.runtime.loop"},
     "queryloop.actors": {"queryloop.runtime.kernel", "queryloop.runtime.loop"},
-    "queryloop.runtime.host": {"queryloop.actors", "queryloop.runtime.providers"},
+    "queryloop.runtime.mcp": {"queryloop.runtime.loop"},
+    "queryloop.runtime.host": {"queryloop.actors", "queryloop.runtime.providers", "queryloop.runtime.mcp"},
     "queryloop.runtime.cli": {"queryloop.runtime.host"},
 }
 

@@ -20,12 +20,16 @@ from queryloop.runtime.host.session import Session
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import LoadedTranscript, load_transcript, open_log
+from queryloop.runtime.loop.tools import Tool
+from queryloop.runtime.mcp.servers import McpServer
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
     from pathlib import Path
 
     from pykka import ActorRef
+
+    from queryloop.runtime.mcp.connection import McpConnection
 
 
 SHUTDOWN_GRACE_S = 5.0
@@ -47,6 +51,7 @@ class Runtime:
         self._ids = itertools.count(1)
         self.host_budget: ActorRef[BudgetGuard] | None = None
         """A host-wide BudgetGuard every new session reports its spend to (optional)."""
+        self._mcp: dict[str, McpConnection] = {}
 
     @classmethod
     @asynccontextmanager
@@ -95,6 +100,8 @@ class Runtime:
                 with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
                     for session in list(runtime._sessions.values()):
                         await session.close()
+                for connection in runtime._mcp.values():
+                    connection.close()  # its task ends with the nursery: a stdio server is stopped and reaped
                 # What did not settle in time is stopped now: its actors' work is cancelled, their
                 # on_stop runs once it has unwound, which leaving the nursery waits for.
                 for group in list(runtime._groups.values()):
@@ -165,6 +172,32 @@ class Runtime:
         session = Session(group, options, loop, log)
         self._sessions[session.id] = session
         return session
+
+    async def open_mcp(self, name: str, server: McpServer) -> list[Tool]:
+        """Connect an MCP server for every session of this runtime; returns its tools, for `QueryOptions.tools`.
+
+        One client per server per runtime: every session given these tools calls through it. They are
+        named `mcp__<name>__<tool>`, with the server's input schema as is; `readOnlyHint` makes one
+        concurrency-safe. A server that dies gives error results and is restarted on next use; the
+        runtime's close stops it. `McpServerUnavailable` if it cannot be started or listed now.
+        Needs the `mcp` extra (`pip install 'queryloop[mcp]'`).
+        """
+        if name in self._mcp:
+            msg = f"an MCP server named {name!r} is already open in this runtime"
+            raise ValueError(msg)
+        try:
+            from queryloop.runtime.mcp.connection import McpConnection
+        except ModuleNotFoundError as error:
+            if error.name not in {"mcp", "mcp_types"}:
+                raise
+            msg = "MCP servers need the mcp extra: pip install 'queryloop[mcp]'"
+            raise ModuleNotFoundError(msg, name=error.name) from error
+        connection = self._mcp[name] = McpConnection(name, server, self._nursery)
+        try:
+            return await connection.open()
+        except BaseException:
+            del self._mcp[name]
+            raise
 
     async def open_host_budget(self, max_budget_usd: float) -> ActorRef[BudgetGuard]:
         """One BudgetGuard above every session opened from now on: their spend, summed, is capped here.

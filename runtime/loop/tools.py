@@ -122,7 +122,13 @@ class ToolContext:
 
 
 class Tool(BaseModel):
-    """A tool the model may call: `call` is an `async def` or a plain `def` (see the module docstring)."""
+    """A tool the model may call: `call` is an `async def` or a plain `def` (see the module docstring).
+
+    Its input is described by `input_model` (a pydantic model: its JSON schema is what the model sees,
+    and the input is validated into it) or by `input_schema` (a JSON schema, sent as is: the input
+    reaches `call` as the raw dict, unvalidated here; an MCP tool's server validates it), or neither
+    (any object, passed as a dict).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -130,10 +136,14 @@ class Tool(BaseModel):
     call: ToolFunction
     description: str = ""
     input_model: type[BaseModel] | None = None
+    input_schema: dict[str, Any] | None = None
     concurrency_safe: bool = False
     timeout_s: float | None = None
 
     def model_post_init(self, context: Any, /) -> None:
+        if self.input_model is not None and self.input_schema is not None:
+            msg = f"tool {self.name!r}: give input_model or input_schema, not both"
+            raise ValueError(msg)
         # Both made now, once (a tool is frozen): a call that is neither sync nor async is refused here,
         # and a JSON schema, ~300 µs to generate, is not made again for every query.
         _ = self.runs_in_thread, self._api_schema
@@ -147,7 +157,12 @@ class Tool(BaseModel):
 
     @functools.cached_property
     def _api_schema(self) -> dict[str, Any]:
-        schema = self.input_model.model_json_schema() if self.input_model else {"type": "object", "properties": {}}
+        if self.input_schema is not None:
+            schema = self.input_schema
+        elif self.input_model is not None:
+            schema = self.input_model.model_json_schema()
+        else:
+            schema = {"type": "object", "properties": {}}
         return {"name": self.name, "description": self.description, "input_schema": schema}
 
     async def run(self, args: Any, context: ToolContext) -> ToolOutput:

@@ -1,0 +1,302 @@
+"""`McpConnection`: one MCP server's client in a runtime, shared by every session that calls its tools.
+
+Its connection lives in a task of the runtime's nursery (the `mcp` SDK runs on anyio, so on trio):
+`open` connects it (a stdio server's subprocess is started) and lists the tools; every call goes
+through it. A connection ends when the server's side closes (a stdio server that exits or is killed,
+an HTTP server that cuts a stream): the watched read stream sees it, the connection task closes the
+client (the SDK reaps the subprocess) and the next call connects again. A call in flight when that
+happens, a server that cannot be restarted, and a protocol error are error results, logged as
+warnings: never an exception out of the tool, never a crashed session.
+
+A call cancelled by an abort (its tool's cancel scope) is abandoned by the SDK, which first sends
+`notifications/cancelled` for it (shielded, bounded: on stdio and legacy HTTP; on a 2026-07-28 HTTP
+connection it aborts the request's POST instead, the wire's cancellation there); the connection
+stays up for the next call. Progress notifications become the tool's `progress` events, in order,
+through a bounded buffer the call's own task drains (late or surplus notifications are dropped).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from types import TracebackType
+from typing import Any
+
+import anyio
+import httpx2
+import trio
+from loguru import logger
+from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
+from mcp_types import CONNECTION_CLOSED, Implementation
+from mcp_types import Tool as McpTool
+
+from queryloop.runtime.errors import McpServerUnavailable
+from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
+from queryloop.runtime.mcp.content import error_text, result_output, tool_name
+from queryloop.runtime.mcp.servers import McpServer, McpStdioServer
+
+PROGRESS_BUFFER = 64
+"""Progress notifications buffered for one call while its consumer is slow; more are dropped."""
+
+LIST_PAGES = 100
+"""At most this many pages of `tools/list` (a server whose cursor never ends cannot hang `open`)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Link:
+    """One connection to the server: usable until `ended` is set; cancelling `scope` closes it."""
+
+    client: Client
+    ended: trio.Event
+    scope: trio.CancelScope
+
+
+class McpConnection:
+    """The runtime's client of one MCP server: `open` once, then `call` from any session's tools."""
+
+    def __init__(self, name: str, server: McpServer, nursery: trio.Nursery) -> None:
+        self.name = name
+        self.server = server
+        self._nursery = nursery
+        self._link: _Link | None = None
+        self._connecting = trio.Lock()
+        self._closed = False
+        self.tools: list[Tool] = []
+        self.log = logger.bind(mcp_server=name)
+
+    async def open(self) -> list[Tool]:
+        """Connect and list the server's tools as `Tool`s; `McpServerUnavailable` if either fails."""
+        try:
+            with trio.fail_after(self.server.connect_timeout_s):
+                link = await self._connected()
+                listed: list[McpTool] = []
+                cursor: str | None = None
+                for _ in range(LIST_PAGES):
+                    page = await link.client.list_tools(cursor=cursor)
+                    listed += page.tools
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+        except Exception as error:
+            self.close()
+            msg = f"MCP server {self.name!r} ({self._describe_server()}): {describe(error)}"
+            raise McpServerUnavailable(msg) from error
+        self.tools = [self._tool(item) for item in listed]
+        self.log.info("MCP server {} open with {} tools", self.name, len(self.tools))
+        return self.tools
+
+    def close(self) -> None:
+        """Close the connection for good (the runtime's close; trio thread): later calls are error results."""
+        self._closed = True
+        if self._link is not None:
+            self._link.scope.cancel()
+
+    async def call(self, tool: str, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
+        """Call `tool` on the server; its progress becomes `context`'s; every failure a `ToolError`."""
+        link = await self._usable()
+        sending, received = trio.open_memory_channel[dict[str, Any]](PROGRESS_BUFFER)
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            try:
+                sending.send_nowait({"progress": progress, "total": total, "message": message})
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                pass  # the consumer is behind, or the call has returned: progress is a hint
+
+        outcome: Any
+        async with trio.open_nursery() as nursery:  # nothing but Cancelled may leave it (no exception group)
+            nursery.start_soon(_forward_progress, received, context)
+            try:
+                outcome = await link.client.call_tool(tool, arguments, progress_callback=on_progress)
+            except Exception as error:  # noqa: BLE001 - any failure of the call is an error result (`_failed`)
+                outcome = error
+            finally:
+                sending.close()  # the forwarder sends what is buffered, then ends
+        if isinstance(outcome, Exception):
+            raise self._failed(link, tool, outcome)
+        if outcome.is_error:
+            raise ToolError(error_text(outcome))
+        return result_output(outcome)
+
+    # -- the connection's life --------------------------------------------------------------
+
+    async def _usable(self) -> _Link:
+        """The live connection, or a new one when there is none (first use, or the last one ended)."""
+        link = self._link
+        if link is not None and not link.ended.is_set():
+            return link
+        async with self._connecting:  # concurrent callers share one restart
+            link = self._link
+            if link is not None and not link.ended.is_set():
+                return link
+            if self._closed:
+                msg = f"MCP server {self.name} is closed"
+                raise ToolError(msg)
+            self.log.info("MCP server {}: its last connection ended, connecting again", self.name)
+            try:
+                with trio.fail_after(self.server.connect_timeout_s):
+                    return await self._connected()
+            except Exception as error:
+                self.log.warning("MCP server {} could not connect again: {}", self.name, describe(error))
+                msg = f"MCP server {self.name} is unavailable: {describe(error)}"
+                raise ToolError(msg) from error
+
+    async def _connected(self) -> _Link:
+        link: _Link = await self._nursery.start(self._run)
+        self._link = link
+        return link
+
+    async def _run(self, *, task_status: trio.TaskStatus[_Link]) -> None:
+        """The connection's task: until the server's side closes, or `close` (the runtime's close)."""
+        ended = trio.Event()
+        started = False
+        try:
+            with trio.CancelScope() as scope:
+                async with Client(self._transport(ended), cache=None, client_info=_CLIENT) as client:
+                    task_status.started(_Link(client, ended, scope))
+                    started = True
+                    await ended.wait()
+        except BaseException as error:
+            failure = _failure(error)
+            if not started or failure is None:
+                raise  # before `started`: to `_connected`'s caller, through `nursery.start`
+            # Reported, not raised: the runtime's nursery must not fail for a server's sake (a pending
+            # cancellation is delivered again at this task's next checkpoint).
+            self.log.warning("MCP server {} connection failed ({}); {}", self.name, describe(failure), self._again)
+            return
+        finally:
+            ended.set()
+        if not self._closed:
+            self.log.warning("MCP server {} closed the connection; {}", self.name, self._again)
+
+    @asynccontextmanager
+    async def _transport(self, ended: trio.Event) -> AsyncIterator[tuple[_WatchedStream, Any]]:
+        server = self.server
+        if isinstance(server, McpStdioServer):
+            command, *args = server.command
+            parameters = StdioServerParameters(command=command, args=args, env=server.env, cwd=server.cwd)
+            async with stdio_client(parameters) as (read, write):
+                yield _WatchedStream(read, ended), write
+        elif server.headers is None:
+            async with streamable_http_client(server.url) as (read, write):
+                yield _WatchedStream(read, ended), write
+        else:
+            timeout = httpx2.Timeout(30.0, read=300.0)  # the SDK's own client's timeouts
+            async with (
+                httpx2.AsyncClient(headers=server.headers, timeout=timeout) as http,
+                streamable_http_client(server.url, http_client=http) as (read, write),
+            ):
+                yield _WatchedStream(read, ended), write
+
+    def _failed(self, link: _Link, tool: str, error: Exception) -> ToolError:
+        """A call that raised: the server's error as it said it, or a connection that failed (ended here)."""
+        if isinstance(error, MCPError) and error.code != CONNECTION_CLOSED:
+            return ToolError(f"MCP server {self.name}: {error.message} (error {error.code})")
+        link.scope.cancel()  # a connection that failed a call is not trusted with the next one
+        if self._closed:
+            return ToolError(f"MCP server {self.name} is closed")
+        if isinstance(error, MCPError):
+            self.log.warning("MCP server {} closed the connection during {}; {}", self.name, tool, self._again)
+            return ToolError(f"MCP server {self.name} closed the connection during the call (it died?)")
+        self.log.warning("MCP server {} failed during {}: {}; {}", self.name, tool, describe(error), self._again)
+        return ToolError(f"MCP server {self.name} failed during the call: {describe(error)}")
+
+    def _tool(self, listed: McpTool) -> Tool:
+        name = listed.name
+
+        async def call(args: dict[str, Any], context: ToolContext) -> ToolOutput:
+            return await self.call(name, args, context)
+
+        hints = listed.annotations
+        return Tool(
+            name=tool_name(self.name, name),
+            call=call,
+            description=listed.description or "",
+            input_schema=listed.input_schema,
+            concurrency_safe=bool(hints is not None and hints.read_only_hint),
+        )
+
+    @property
+    def _again(self) -> str:
+        return "restarted on next use" if isinstance(self.server, McpStdioServer) else "reconnected on next use"
+
+    def _describe_server(self) -> str:
+        server = self.server
+        return " ".join(server.command) if isinstance(server, McpStdioServer) else server.url
+
+
+class _WatchedStream:
+    """A transport's read stream that sets `ended` once it is exhausted or closed: the server's side closed."""
+
+    def __init__(self, stream: Any, ended: trio.Event) -> None:
+        self._stream = stream
+        self._ended = ended
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            item: SessionMessage | Exception = await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._ended.set()
+            raise
+        return item
+
+    async def aclose(self) -> None:
+        self._ended.set()
+        await self._stream.aclose()
+
+    def __aiter__(self) -> _WatchedStream:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _WatchedStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, exc_tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+async def _forward_progress(received: trio.MemoryReceiveChannel[dict[str, Any]], context: ToolContext) -> None:
+    last = -math.inf
+    async with received:
+        async for progress in received:
+            if progress["progress"] > last:  # MCP progress only grows: an earlier one that ran late is dropped
+                last = progress["progress"]
+                await context.progress(progress)
+
+
+def _failure(error: BaseException) -> Exception | None:
+    """What failed besides cancellation (the SDK's task groups may mix the two), if anything."""
+    if isinstance(error, BaseExceptionGroup):
+        _, error = error.split(trio.Cancelled)  # type: ignore[assignment]
+    return error if isinstance(error, Exception) else None
+
+
+def describe(error: BaseException) -> str:
+    """An error in one line: an exception group by its leaves (the SDK's task groups wrap what failed)."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(describe(inner) for inner in error.exceptions)
+    if isinstance(error, trio.TooSlowError):
+        return "timed out"
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _client_info() -> Implementation:
+    try:
+        return Implementation(name="queryloop", version=version("queryloop"))
+    except PackageNotFoundError:
+        return Implementation(name="queryloop", version="0+unknown")
+
+
+_CLIENT = _client_info()

@@ -1,0 +1,138 @@
+"""A small MCP server for the MCP tests, run as a subprocess: `python tests/mcp_server.py stdio|http`.
+
+Over `http` it serves streamable HTTP on 127.0.0.1 on a port the system picks, and prints that port
+on its first stdout line (`port 12345`) once it listens.
+
+Its tools: `echo` (fast), `slow` (reports progress, then returns, or waits to be cancelled: it
+records a cancellation and whether `notifications/cancelled` asked for it), `cancellations` (waits
+for the next recorded cancellation and returns what was recorded), `meet` (read-only: waits for
+`count` callers of the same `group`, so only concurrent calls can succeed), `fail` (an `isError`
+result), `picture` (text and an image), `pid` (this process's id) and `die` (kills this process).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ImageContent, TextContent, ToolAnnotations
+
+READ_ONLY = ToolAnnotations(read_only_hint=True)
+WAIT_TIMEOUT_S = 10.0
+"""How long `meet` and `cancellations` wait for what they expect before answering without it."""
+
+_cancellations: list[str] = []
+_tool_cancelled = anyio.Event()
+_cancel_notified = anyio.Event()
+_groups: dict[str, tuple[int, anyio.Event]] = {}
+
+
+async def record_cancel_notifications(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """Middleware: every `notifications/cancelled` the server receives is recorded with the id it names."""
+    if ctx.method == "notifications/cancelled":
+        _cancellations.append(f"notifications/cancelled {(ctx.params or {}).get('requestId')}")
+        _cancel_notified.set()
+    return await call_next(ctx)
+
+
+server: MCPServer[Any] = MCPServer("queryloop-test", middleware=[record_cancel_notifications])
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Return the text as it came."""
+    return text
+
+
+@server.tool()
+async def slow(steps: int, ctx: Context, wait_for_cancel: bool = False) -> str:
+    """Report `steps` progress notifications, then return, or wait until cancelled."""
+    try:
+        for step in range(1, steps + 1):
+            await ctx.report_progress(step, steps, f"step {step}")
+        if wait_for_cancel:
+            await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        _cancellations.append(f"slow cancelled {ctx.request_id}")
+        _tool_cancelled.set()
+        raise
+    return f"done after {steps} steps"
+
+
+@server.tool(annotations=READ_ONLY)
+async def cancellations(notified: bool = True) -> list[str]:
+    """Wait (bounded) until a `slow` call was cancelled (and, if `notified`, a cancel notification came).
+
+    Returns every record so far: `slow cancelled <request id>`, `notifications/cancelled <request id>`.
+    """
+    with anyio.move_on_after(WAIT_TIMEOUT_S):
+        await _tool_cancelled.wait()
+        if notified:
+            await _cancel_notified.wait()
+    return list(_cancellations)
+
+
+@server.tool(annotations=READ_ONLY)
+async def meet(group: str, count: int) -> str:
+    """Wait until `count` calls of `group` are in at once (read-only: only concurrent calls meet)."""
+    arrived, everyone = _groups.get(group, (0, anyio.Event()))
+    _groups[group] = (arrived + 1, everyone)
+    if arrived + 1 >= count:
+        everyone.set()
+    with anyio.move_on_after(WAIT_TIMEOUT_S):
+        await everyone.wait()
+        return f"{group}: met {count}"
+    raise ToolError(f"{group}: nobody else came")
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Fail with `reason`: an isError result."""
+    raise ToolError(reason)
+
+
+@server.tool(annotations=READ_ONLY)
+def picture() -> list[TextContent | ImageContent]:
+    """A caption and a 1x1 PNG."""
+    pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    return [TextContent(text="a pixel"), ImageContent(data=pixel, mime_type="image/png")]
+
+
+@server.tool(annotations=READ_ONLY)
+def pid() -> int:
+    """This server process's id."""
+    return os.getpid()
+
+
+@server.tool()
+def die() -> str:
+    """Kill this server process at once, mid-call."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+async def serve_http() -> None:
+    import uvicorn
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    config = uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on")
+    web = uvicorn.Server(config)
+    print(f"port {listener.getsockname()[1]}", flush=True)  # the socket is bound: connections queue
+    await web.serve(sockets=[listener])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["http"]:
+        anyio.run(serve_http)
+    else:
+        server.run("stdio")
