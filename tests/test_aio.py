@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import sniffio
 import trio
 
 from queryloop import QueryloopError, QueryOptions, ResultMessage, Runtime, ScriptedModel, ToolContext, tool
@@ -231,6 +232,7 @@ def test_an_asyncio_tool_runs_on_the_host_loop_and_an_abort_cancels_it(detected:
 
         async def wait_forever(args: Any, ctx: ToolContext) -> str:
             ran_on.append(asyncio.get_running_loop())
+            assert sniffio.current_async_library() == "asyncio"  # what anyio-based clients (httpx) ask
             await ctx.progress("waiting")
             try:
                 await asyncio.Event().wait()
@@ -362,3 +364,20 @@ def test_ctrl_c_under_asyncio_run_aborts_the_running_query() -> None:
         asyncio.run(main())
     ((terminal, live, cancelled),) = ended
     assert terminal is not None and terminal.reason == "aborted_tools" and live == 0 and cancelled == 1
+
+
+def test_a_cancelled_aclose_leaves_the_end_to_the_next_wait_as_a_shielded_cleanup_needs() -> None:
+    async def main() -> None:
+        blocker = Blocker()
+        async with AsyncioRuntime.open() as rt:
+            session, query = await blocked_query(rt, blocker)
+            consumer = asyncio.create_task(labels_of(query))
+            await blocker.running.wait()
+            consumer.cancel()  # the abort is handed over in the cancelled wait
+            first_cleanup = asyncio.create_task(query.aclose())
+            await asyncio.sleep(0)
+            first_cleanup.cancel()  # Starlette cancels every await of a cancelled response again
+            await asyncio.gather(consumer, first_cleanup, return_exceptions=True)
+            await assert_aborted_then_next(rt, session, query)
+
+    run(main)

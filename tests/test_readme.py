@@ -23,7 +23,7 @@ from tests.markdown import PAGES, README, REPO, Block, blocks, python_blocks, qu
 
 RUNNABLE = [block for page in PAGES for block in python_blocks(page) if block.runs]
 BLOCK_TIMEOUT_S = 120
-ALLOWED_IMPORTS = {"queryloop", "trio", "pydantic", "loguru", "pathlib", "typing"}
+ALLOWED_IMPORTS = {"queryloop", "trio", "asyncio", "pydantic", "loguru", "pathlib", "typing"}
 
 
 def offline_env() -> dict[str, str]:

@@ -438,7 +438,7 @@ class AsyncioQuery:
         if not pipe.ended:
             if pipe.end is None:
                 pipe.end = pipe.bridge.loop.create_future()
-            await pipe.end
+            await asyncio.shield(pipe.end)  # a cancelled waiter leaves it to the next one (a shielded cleanup)
 
     async def __aenter__(self) -> Self:
         return self

@@ -21,6 +21,7 @@ and `loop`; `host.aio` is built on it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import signal
 import threading
@@ -74,7 +75,11 @@ class Bridge:
         self._to_trio_scheduled = False
         self._to_host: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
         self._to_host_scheduled = False
-        self._post = loop.call_soon if mode == "guest" else loop.call_soon_threadsafe
+        self.context = contextvars.copy_context()
+        """The host's context (its caller's, as `start` found it): the calls made on the host's loop and the
+        asyncio tools run in it, not in the trio task's that handed them over (whose sniffio says "trio")."""
+        post = loop.call_soon if mode == "guest" else loop.call_soon_threadsafe
+        self._post = functools.partial(post, context=self.context)
         self.hops_to_trio = 0
         self.calls_to_trio = 0
         self.hops_to_host = 0
@@ -284,7 +289,7 @@ class Bridge:
             if call.cancelled:
                 return
             try:
-                task = self.loop.create_task(make())
+                task = self.loop.create_task(make(), context=self.context.copy())
             except BaseException as error:  # noqa: BLE001 - handed back to the trio task
                 finish(outcome.Error(error))
                 return
