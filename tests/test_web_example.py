@@ -98,8 +98,6 @@ def run(main: Any) -> None:
 def test_complete_streams_and_disconnected_clients_each_end_their_query_with_nothing_left_running() -> None:
     async def main() -> None:
         async with serving() as (client, service):
-            runtime = service.runtime
-            assert runtime is not None
             async with asyncio.TaskGroup() as group:
                 completed = [group.create_task(complete(client, i)) for i in range(STREAMS)]
                 for i in range(STREAMS):
@@ -112,7 +110,9 @@ def test_complete_streams_and_disconnected_clients_each_end_their_query_with_not
             assert reasons == ["aborted_tools", "completed"]
             assert sum(e.reason == "completed" for e in service.ended) == STREAMS
             assert all(e.live_tasks == 0 for e in service.ended)
-            assert runtime.open_sessions == 0 and runtime.host_tasks == 0 and service.sessions == {}
+            runtime = service.runtime  # made by the app's lifespan, which ran before the first request
+            assert runtime is not None and runtime.open_sessions == 0 and runtime.host_tasks == 0
+            assert service.sessions == {}
 
     run(main)
 
