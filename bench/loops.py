@@ -10,6 +10,8 @@ Both sides of a ratio run under the same collector settings (bench/collector.py)
 run measures two pairs: tuned (the runtime opened with `tune_gc=True`, the baseline's phase under
 the same thresholds): `throughput_ratio`; and untuned (both at Python's defaults):
 `throughput_ratio_untuned`. `--gc tuned|untuned` measures one pair (`--no-tune-gc` = untuned).
+`--host asyncio` runs the runtime side through `queryloop.aio` under `asyncio.run`, beside the trio
+host, against the same baseline (bench/aio_loops.py says what it reports).
 Per side and pair, `gc.callbacks` measure the collector: `gc_share` (CPU in collections / CPU of
 the side's rounds), `tracked_per_loop` (GC-tracked objects allocated per loop, net, as the
 collector counts them), `cpu_us_per_loop`; the baseline's carry a `baseline_` prefix, the
@@ -56,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", help="draw loops/s against concurrency")
     parser.add_argument("--transcript", action="store_true", help="a transcript file per loop, on both sides")
     parser.add_argument("--transcript-dir", default=None, help="where the transcript files go (default: temp dir)")
+    host = "the runtime side's host; asyncio: through queryloop.aio, beside the trio host (bench/aio_loops.py)"
+    parser.add_argument("--host", choices=("trio", "asyncio"), default="trio", help=host)
+    parser.add_argument("--mode", choices=("guest", "thread"), default="guest", help="--host asyncio: its mode")
+    parser.add_argument("--tools", choices=("trio", "asyncio"), default="trio", help="--host asyncio: W's tools' loop")
     add_gc_arguments(parser)
     add_profile_argument(parser)
 
@@ -251,4 +257,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.host == "asyncio":
+        from bench import aio_loops
+
+        return aio_loops.run(args)
     return trio.run(measure, args)

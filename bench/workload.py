@@ -3,6 +3,7 @@ model latency L ms, tool latency T ms. Both the runtime and the baseline run exa
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import trio
@@ -56,4 +57,25 @@ def tools(tool_ms: float) -> list[Tool]:
         await trio.sleep(tool_ms / 1000)
         return "written"
 
-    return [Tool(name="read", call=read, concurrency_safe=True), Tool(name="write", call=write)]
+    # trio tools, named so: under the asyncio facade an unmarked async tool runs on asyncio.
+    return [
+        Tool(name="read", call=read, concurrency_safe=True, runs_on="trio"),
+        Tool(name="write", call=write, runs_on="trio"),
+    ]
+
+
+def asyncio_tools(tool_ms: float) -> list[Tool]:
+    """W's tools as an asyncio host writes them (`bench loops --host asyncio --tools asyncio`)."""
+
+    async def read(args: Any, ctx: ToolContext) -> ToolOutput:
+        await asyncio.sleep(tool_ms / 1000)
+        return "file contents"
+
+    async def write(args: Any, ctx: ToolContext) -> ToolOutput:
+        await asyncio.sleep(tool_ms / 1000)
+        return "written"
+
+    return [
+        Tool(name="read", call=read, concurrency_safe=True, runs_on="asyncio"),
+        Tool(name="write", call=write, runs_on="asyncio"),
+    ]

@@ -1,6 +1,7 @@
 """queryloop: Claude-Code-style agent loops as groups of pykka actors scheduled by trio.
 
-Everything a host needs is importable from here. The code lives in two subpackages:
+Everything a host needs is importable from here; an asyncio host imports `AsyncioRuntime` from
+`queryloop.aio` (the same sessions, queries and events, awaited on asyncio). The code lives in two subpackages:
 `queryloop.runtime` (the kernel, the loop's rules, providers, hosts, the CLI; its docstring maps the
 layers) and `queryloop.actors` (the six actors of a session).
 
@@ -19,6 +20,7 @@ from queryloop.runtime.errors import (
     NotInTrio,
     QueryInProgress,
     QueryloopError,
+    RuntimeClosed,
     SessionClosed,
     WorkCancelled,
 )
@@ -119,6 +121,7 @@ __all__ = [
     "ResultMessage",
     "ResultSubtype",
     "Runtime",
+    "RuntimeClosed",
     "ScriptExhausted",
     "ScriptedError",
     "ScriptedModel",

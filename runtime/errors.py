@@ -18,16 +18,22 @@ class BlockingCallOnTrioThread(QueryloopError, RuntimeError):
 class NotInTrio(QueryloopError, RuntimeError):
     """A trio entry point was called outside a trio run (under asyncio, say).
 
-    queryloop's actors are trio tasks; they cannot run on another event loop. From asyncio (or
-    any other loop), `BlockingRuntime` runs a runtime on its own trio thread.
+    queryloop's actors are trio tasks; they cannot run on another event loop. From asyncio,
+    `queryloop.aio.AsyncioRuntime` runs a runtime as a trio guest on the running asyncio loop; from
+    threads and sync code, `BlockingRuntime` runs one on its own trio thread.
     """
 
     def __init__(self, entry: str = "Runtime.open()") -> None:
         super().__init__(
-            f"queryloop runs on trio: call {entry} inside trio.run(...); from asyncio use BlockingRuntime"
-            " (a trio thread) for now — an asyncio facade (queryloop.aio) is planned"
+            f"queryloop runs on trio: call {entry} inside trio.run(...); from asyncio use"
+            " queryloop.aio.AsyncioRuntime (a trio guest on the asyncio loop), from threads BlockingRuntime"
         )
         self.entry = entry
+
+
+class RuntimeClosed(QueryloopError, RuntimeError):
+    """The runtime this call goes through has closed (or is closing, or its run ended): nothing more
+    can be started or asked through it."""
 
 
 class NotInSession(QueryloopError, RuntimeError):

@@ -1,4 +1,5 @@
-"""A host on asyncio: `Runtime.open()` says what to do instead; `BlockingRuntime` works from a coroutine."""
+"""A host on asyncio: `Runtime.open()` says what to do instead (`queryloop.aio`, tested in test_aio.py);
+`BlockingRuntime` works from a coroutine too."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import text_reply, tool_use, tools_reply
 
 MESSAGE = (
-    "queryloop runs on trio: call Runtime.open() inside trio.run(...); from asyncio use BlockingRuntime"
-    " (a trio thread) for now — an asyncio facade (queryloop.aio) is planned"
+    "queryloop runs on trio: call Runtime.open() inside trio.run(...); from asyncio use"
+    " queryloop.aio.AsyncioRuntime (a trio guest on the asyncio loop), from threads BlockingRuntime"
 )
 
 

@@ -59,6 +59,19 @@ def test_bench_loops_reports_both_gc_pairs_with_the_same_settings_on_both_sides(
     assert "throughput_ratio" not in only and only["throughput_ratio_untuned"] > 0
 
 
+@pytest.mark.parametrize("tools", ["trio", "asyncio"])
+def test_bench_loops_on_the_asyncio_host_reports_both_hosts_ratios_and_the_cost_of_a_hop(
+    capsys: pytest.CaptureFixture[str], tools: str
+) -> None:
+    result = _run(
+        capsys, "loops", "--host", "asyncio", "--concurrency", "5", "--rounds", "1", "--gc", "tuned", "--tools", tools
+    )
+    assert result["host"] == "asyncio" and result["mode"] == "guest" and result["tools"] == tools
+    for name in ("throughput_ratio", "trio_throughput_ratio", "ratio_to_trio", "hops_per_loop", "calls_per_loop"):
+        assert result[name] > 0, name
+    assert "cpu_us_per_hop" in result and "cpu_us_per_call" in result
+
+
 def test_bench_abort_runs_both_pairs_without_violations(capsys: pytest.CaptureFixture[str]) -> None:
     load = ["--concurrency", "5", "--model-ms", "2", "--tool-ms", "2", "--loops-per-slot", "2"]
     result = _run(capsys, "abort", *load, "--rounds", "1")

@@ -89,6 +89,38 @@ class QueryHandle:
             event: QueryEvent = item
             return event
 
+    @property
+    def event_buffer(self) -> int:
+        """How many events the query's channel buffers for a slow consumer (`options.event_buffer`)."""
+        return self._events.max_buffer
+
+    async def next_batch(self) -> list[QueryEvent]:
+        """Every event buffered now, waiting only if none is; [] once the stream has ended.
+
+        For a consumer that moves events on in batches (the asyncio facade hops once per batch).
+        `terminal`, `transitions` and `result` are kept as `__anext__` keeps them.
+        """
+        events = self._events
+        batch: list[QueryEvent] = []
+        while not batch:
+            if not events.items and not await events.wait():
+                failure = self._session.failure
+                if failure is not None and self.result is None:
+                    raise failure from None
+                return batch
+            while events.items:
+                item = events.take()
+                kind = type(item)
+                if kind is Settled:
+                    self.terminal, self.transitions = item.terminal, item.transitions
+                    continue
+                if kind is Refused:
+                    raise QueryInProgress(item.reason)
+                if kind is ResultMessage:
+                    self.result = item
+                batch.append(item)
+        return batch
+
     async def wait(self) -> ResultMessage:
         """Consume the remaining events and return the result."""
         async for _ in self:

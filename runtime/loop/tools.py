@@ -32,6 +32,11 @@ unknown tool, input that fails validation, a denied permission, a timeout, and
 an output of another type or one that is not JSON-serializable (a list is made
 plain JSON as pydantic's JSON mode makes it: datetimes become ISO strings).
 The loop goes on in every case.
+
+`runs_on` says which event loop an `async def` tool is written for: `"trio"` (awaited on the
+runtime's trio thread), `"asyncio"` (run as a task of the host's asyncio loop, under
+`queryloop.aio.AsyncioRuntime` only), or None (the default): on trio under `Runtime`, on the
+host's asyncio loop under `AsyncioRuntime`.
 """
 
 from __future__ import annotations
@@ -139,6 +144,8 @@ class Tool(BaseModel):
     input_schema: dict[str, Any] | None = None
     concurrency_safe: bool = False
     timeout_s: float | None = None
+    runs_on: Literal["trio", "asyncio"] | None = None
+    """The event loop an async tool is written for (see the module docstring); None: the host's."""
 
     def model_post_init(self, context: Any, /) -> None:
         if self.input_model is not None and self.input_schema is not None:
@@ -172,6 +179,9 @@ class Tool(BaseModel):
         abandoned, its late result discarded, and `context.abandon()` drops its further progress.
         """
         if not self.runs_in_thread:  # an async def, as checked when the tool was made
+            if self.runs_on == "asyncio":
+                msg = f"tool {self.name!r} runs on asyncio: it needs a queryloop.aio.AsyncioRuntime"
+                raise ToolError(msg)
             return await cast("AsyncToolFunction", self.call)(args, context)
         call = cast("SyncToolFunction", self.call)
         try:
@@ -197,12 +207,14 @@ def tool(
     input_model: type[BaseModel] | None = None,
     concurrency_safe: bool = False,
     timeout_s: float | None = None,
+    runs_on: Literal["trio", "asyncio"] | None = None,
 ) -> Callable[[ToolFunction], Tool]:
     """Make a `Tool` of an `async def fn(args: SomeModel, ctx: ToolContext)`, or of a plain `def`
     of the same shape (run in a worker thread: see the module docstring).
 
     The input model is `input_model`, or else read from the first parameter's hint. Anything but
     a sync or async function (or callable object) is refused with a `TypeError` here.
+    `runs_on` names the event loop an async tool is written for (None: the host's).
     """
 
     def wrap(fn: ToolFunction) -> Tool:
@@ -216,6 +228,7 @@ def tool(
             input_model=model,
             concurrency_safe=concurrency_safe,
             timeout_s=timeout_s,
+            runs_on=runs_on,
         )
 
     return wrap

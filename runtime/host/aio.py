@@ -1,0 +1,459 @@
+"""The asyncio facade: `AsyncioRuntime`, `AsyncioSession`, `AsyncioQuery` (public as `queryloop.aio`).
+
+    async with AsyncioRuntime.open() as rt:              # a trio guest on the running asyncio loop
+        session = await rt.open_session(QueryOptions(provider=..., tools=[...]))
+        query = session.query("Fix the bug")
+        async with query:                                # leaving early (or being cancelled) aborts it
+            async for event in query:
+                print(event.label)
+        print(query.terminal.reason, (await query.result()).subtype)
+
+A thin layer over the trio `Runtime`, `Session` and `QueryHandle`, through `aio_bridge.Bridge`:
+
+* A query's events are moved by one trio task (its pump) in batches: everything its channel holds
+  when the pump runs crosses in one call, and the calls of one trio tick in one hop. The pump stays
+  at most `event_buffer` events ahead of the consumer (it parks; the consumer wakes it when its
+  buffer runs dry), so a slow consumer holds the loop back as on trio. The `result` crosses with the
+  end of the stream: when the consumer sees it, no task of the query runs any more.
+* Cancelling the consumer (its task cancelled, `asyncio.timeout`, a `TaskGroup` sibling failing, a
+  client gone) hands the abort (`user`) to trio synchronously, in the `except CancelledError` of the
+  wait (or the first line of `aclose`): no `await` comes before it, so a host that cancels every await
+  of its cleanup again (Starlette) cannot lose it. The pump then drains the query without delivering.
+* Async tools run on the host's loop (`Tool.runs_on`: "asyncio", or None under this runtime) as
+  asyncio tasks; an abort answers the tool at once on the trio side and cancels its task.
+Imports `host.aio_bridge`, `host.session`, `loop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Self
+
+import trio
+from loguru import logger
+
+from queryloop.runtime.errors import QueryloopError, RuntimeClosed, SessionClosed
+from queryloop.runtime.host.aio_bridge import Bridge, Mode, host_tool
+from queryloop.runtime.loop.events import ResultMessage
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.tools import Tool
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+    from types import TracebackType
+
+    from queryloop.runtime.host.session import QueryHandle, Session
+    from queryloop.runtime.kernel.messages import AbortAck, AbortReason
+    from queryloop.runtime.loop.events import Block, QueryEvent, TranscriptMessage
+    from queryloop.runtime.loop.state import ContinueReason, Terminal
+
+
+class AsyncioRuntime:
+    """A queryloop runtime for asyncio programs: `async with AsyncioRuntime.open() as rt:`, or
+    `rt = await AsyncioRuntime.start()` ... `await rt.aclose()` (a notebook, where it spans cells)."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self._bridge = bridge
+        self._tools: dict[int, tuple[Tool, Tool]] = {}
+
+    @classmethod
+    async def start(
+        cls, *, mode: Mode = "guest", max_concurrent_model_calls: int | None = None, tune_gc: bool = False
+    ) -> AsyncioRuntime:
+        """Start a runtime on the running asyncio loop and return it (close it with `aclose`).
+
+        `mode="guest"` (the default) runs trio as a guest of this loop (`trio.lowlevel.start_guest_run`),
+        on this thread; `mode="thread"` runs it on a thread of its own (for a host that already runs a
+        trio guest on this thread, or whose loop must not share its thread). The other arguments are
+        `Runtime.open`'s.
+        """
+        bridge = Bridge(asyncio.get_running_loop(), mode)
+        await bridge.start(max_concurrent_model_calls=max_concurrent_model_calls, tune_gc=tune_gc)
+        return cls(bridge)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, *, mode: Mode = "guest", max_concurrent_model_calls: int | None = None, tune_gc: bool = False
+    ) -> AsyncIterator[AsyncioRuntime]:
+        """`start` for the duration of the block; leaving it closes every session (see `aclose`)."""
+        runtime = await cls.start(mode=mode, max_concurrent_model_calls=max_concurrent_model_calls, tune_gc=tune_gc)
+        try:
+            yield runtime
+        finally:
+            await runtime.aclose()
+
+    async def aclose(self) -> None:
+        """Close every session (running queries are aborted and end properly), then end the trio run.
+        Idempotent; calls made after it began raise `RuntimeClosed`."""
+        await self._bridge.aclose()
+
+    @property
+    def mode(self) -> Mode:
+        return self._bridge.mode
+
+    @property
+    def closed(self) -> bool:
+        return self._bridge.closing
+
+    @property
+    def open_sessions(self) -> int:
+        """How many sessions are open (read on this thread: exact in guest mode, a snapshot in thread mode)."""
+        runtime = self._bridge.runtime
+        return 0 if runtime is None or self._bridge.finished else len(runtime.groups)
+
+    @property
+    def host_tasks(self) -> int:
+        """Asyncio tasks of tools running now."""
+        return len(self._bridge.host_tasks)
+
+    def hops(self) -> dict[str, int]:
+        """Hops between the loops so far, and the calls they carried (for benchmarks and tests)."""
+        return self._bridge.counters()
+
+    async def open_session(
+        self,
+        options: QueryOptions | None = None,
+        *,
+        transcript: Path | None = None,
+        resume: Path | None = None,
+        **fields: Any,
+    ) -> AsyncioSession:
+        """As `Runtime.open_session`: a `QueryOptions` (or its fields), `transcript`, `resume`."""
+        options = options or QueryOptions(**fields)
+        hosted = self._hosted_options(options)
+        runtime = self._bridge.runtime
+        if runtime is None:
+            raise RuntimeClosed("the asyncio runtime is not running")
+
+        async def close_orphan(session: Session) -> None:
+            await session.close()
+
+        session = await self._bridge.acall(
+            lambda: runtime.open_session(hosted, transcript=transcript, resume=resume),
+            orphan=lambda s: self._bridge.nursery.start_soon(close_orphan, s) if self._bridge.nursery else None,
+        )
+        return AsyncioSession(self, session, options)
+
+    def _hosted_options(self, options: QueryOptions) -> QueryOptions:
+        hosted = [self._hosted(tool) for tool in options.tools]
+        if all(a is b for a, b in zip(hosted, options.tools, strict=True)):
+            return options
+        return options.model_copy(update={"tools": hosted})
+
+    def _hosted_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        tools = overrides.get("tools")
+        if not isinstance(tools, list):
+            return overrides
+        return {**overrides, "tools": [self._hosted(t) if isinstance(t, Tool) else t for t in tools]}
+
+    def _hosted(self, tool: Tool) -> Tool:
+        """The trio-side stand-in of an async tool that runs on this loop (made once per tool)."""
+        if tool.runs_in_thread or tool.runs_on == "trio":
+            return tool
+        known = self._tools.get(id(tool))
+        if known is not None and known[0] is tool:
+            return known[1]
+        hosted = host_tool(self._bridge, tool)
+        self._tools[id(tool)] = (tool, hosted)
+        return hosted
+
+
+class AsyncioSession:
+    """One conversation (`session.id`); made by `AsyncioRuntime.open_session`."""
+
+    def __init__(self, runtime: AsyncioRuntime, session: Session, options: QueryOptions) -> None:
+        self._runtime = runtime
+        self._bridge = runtime._bridge  # noqa: SLF001 - the facade's own parts
+        self.session = session
+        """The trio `Session` underneath (use it only from the trio side)."""
+        self.options = options
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    def query(self, prompt: str | list[Block], **overrides: Any) -> AsyncioQuery:
+        """Submit one user message (as `Session.query`); iterate the returned query for its events.
+
+        An error of the submission itself (`SessionClosed`, invalid overrides, `QueryInProgress`)
+        is raised by the first wait on the query. `RuntimeClosed` is raised here.
+        """
+        if self._bridge.finished or self.session.supervisor.closed:
+            if self._bridge.closing:
+                raise RuntimeClosed("the asyncio runtime is closed")
+            msg = f"session {self.id} is closed"
+            raise SessionClosed(msg)
+        overrides = self._runtime._hosted_overrides(overrides)  # noqa: SLF001 - the facade's own parts
+        pipe = _Pipe(self._bridge, self.session)
+        self._bridge.to_trio(lambda: pipe.submit(prompt, overrides))
+        self._bridge.pipes.add(pipe)
+        return AsyncioQuery(pipe)
+
+    async def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
+        """Abort the running query and every in-flight call and tool of the session; returns the acks."""
+        session = self.session
+        return await self._bridge.acall(lambda: session.abort(reason))
+
+    def abort_nowait(self, reason: AbortReason = "user") -> None:
+        """`abort` without waiting for the acks; from any task or thread."""
+        self._bridge.send(lambda: self.session.abort_nowait(reason))
+
+    async def transcript(self) -> list[TranscriptMessage]:
+        return await self._bridge.acall(self.session.transcript)
+
+    def live_tasks(self) -> int:
+        """Work tasks of the session still running (a snapshot in thread mode)."""
+        return self.session.live_tasks()
+
+    async def close(self) -> None:
+        """Abort what runs, then stop every actor of the session."""
+        await self._bridge.acall(self.session.close)
+
+
+class _Pipe:
+    """One query's events between its trio pump and its asyncio consumer. The consumer-facing
+    `AsyncioQuery` holds it, never the other way round: a query dropped unread is collected, and
+    its finalizer aborts the query."""
+
+    def __init__(self, bridge: Bridge, session: Session) -> None:
+        self.bridge = bridge
+        self.session = session
+        self.handle: QueryHandle | None = None
+        # Host side.
+        self.buffer: deque[QueryEvent] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.ended = False
+        self.error: BaseException | None = None
+        self.end: asyncio.Future[None] | None = None
+        self.consumed = 0
+        self.gone = False
+        self.terminal: Terminal | None = None
+        self.transitions: list[ContinueReason] = []
+        self.result: ResultMessage | None = None
+        self.settled: tuple[Terminal | None, list[ContinueReason], ResultMessage | None] = (None, [], None)
+        """How the query ended, as its pump saw it (read once the consumer has left)."""
+        # Trio side.
+        self.delivered = 0
+        self.parked: trio.Event | None = None
+
+    # -- trio side ------------------------------------------------------------------------
+
+    def submit(self, prompt: str | list[Block], overrides: dict[str, Any]) -> None:
+        bridge = self.bridge
+        try:
+            self.handle = self.session.query(prompt, **overrides)
+        except Exception as error:  # noqa: BLE001 - the consumer's first wait raises it
+            bridge.to_host(self.failed, error)
+            return
+        if bridge.nursery is None or bridge.draining:
+            bridge.to_host(self.failed, RuntimeClosed("the asyncio runtime is closed"))
+            return
+        bridge.pumps.add(self)
+        bridge.nursery.start_soon(self.pump, self.handle)
+
+    async def pump(self, handle: QueryHandle) -> None:
+        bridge = self.bridge
+        limit = handle.event_buffer
+        try:
+            while batch := await handle.next_batch():
+                if self.gone:
+                    continue  # the consumer left: the query ends (aborted), nothing more is delivered
+                if handle.result is not None:
+                    # The result: it crosses with the end of the stream (right after it), in one hop.
+                    while await handle.next_batch():
+                        pass
+                    break
+                self.delivered += len(batch)
+                bridge.to_host(self.receive, batch)
+                while self.delivered - self.consumed >= limit and not self.gone and not bridge.draining:
+                    parked = self.parked = trio.Event()
+                    if self.delivered - self.consumed < limit:  # consumed meanwhile (thread mode)
+                        break
+                    await parked.wait()
+            else:
+                batch = []
+        except Exception as error:  # noqa: BLE001 - the consumer's next wait raises it
+            bridge.to_host(self.failed, error)
+            return
+        except BaseException:
+            bridge.to_host(self.failed, RuntimeClosed("the asyncio runtime closed during the query"))
+            raise
+        finally:
+            self.parked = None
+            bridge.pumps.discard(self)
+        bridge.to_host(self.finish, [] if self.gone else batch, handle.terminal, handle.transitions, handle.result)
+
+    def unpark(self) -> None:
+        parked, self.parked = self.parked, None
+        if parked is not None:
+            parked.set()
+
+    def abandon(self, reason: AbortReason) -> None:
+        """The consumer is gone (or asked to abort): abort the query if it still runs."""
+        handle = self.handle
+        if handle is not None and not handle.done and handle.abort_reason is None:
+            self.session.abort_nowait(reason)
+        if self.gone:
+            self.unpark()
+
+    # -- host side ------------------------------------------------------------------------
+
+    def receive(self, batch: list[QueryEvent]) -> None:
+        self.buffer.extend(batch)
+        self.wake()
+
+    def finish(
+        self,
+        batch: list[QueryEvent],
+        terminal: Terminal | None,
+        transitions: list[ContinueReason],
+        result: ResultMessage | None,
+    ) -> None:
+        self.buffer.extend(batch)
+        self.settled = (terminal, transitions, result)
+        if self.gone:
+            self.terminal, self.transitions, self.result = self.settled
+        self.ended = True
+        self.bridge.pipes.discard(self)
+        self.wake()
+        if self.end is not None and not self.end.done():
+            self.end.set_result(None)
+
+    def failed(self, error: BaseException) -> None:
+        self.error = error
+        self.finish([], None, [], None)
+
+    def runtime_finished(self) -> None:
+        if not self.ended:
+            self.failed(RuntimeClosed("the asyncio runtime closed during the query"))
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def leave(self, reason: AbortReason = "user") -> None:
+        """The consumer goes away: hand the abort to trio now (synchronously, before any await)."""
+        if self.gone:
+            return
+        self.gone = True
+        self.buffer.clear()
+        if self.ended:  # it ended unread: how, the pump said
+            if self.result is None:
+                self.terminal, self.transitions, self.result = self.settled
+            return
+        try:
+            self.bridge.send(lambda: self.abandon(reason))
+        except RuntimeClosed:
+            pass
+
+
+class AsyncioQuery:
+    """A query's events: `async for event in query`; `await query.result()`; `query.terminal`;
+    `query.abort()` from any task or thread. `async with query:` aborts it when the block is left
+    early; a consumer cancelled while it waits for an event aborts it too."""
+
+    def __init__(self, pipe: _Pipe) -> None:
+        self._pipe = pipe
+
+    @property
+    def terminal(self) -> Terminal | None:
+        """How the query ended (`reason`, `error`); None until the `result` was read, or the query ended unread."""
+        return self._pipe.terminal
+
+    @property
+    def transitions(self) -> list[ContinueReason]:
+        return self._pipe.transitions
+
+    @property
+    def done(self) -> bool:
+        """The `result` has been read (or the query ended after its consumer left)."""
+        return self._pipe.result is not None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> QueryEvent:
+        pipe = self._pipe
+        buffer = pipe.buffer
+        while not buffer:
+            if pipe.ended:
+                if pipe.error is not None:
+                    error, pipe.error = pipe.error, None
+                    raise error
+                raise StopAsyncIteration
+            if pipe.gone:
+                raise StopAsyncIteration
+            if pipe.parked is not None:
+                pipe.bridge.send(pipe.unpark)  # the pump waits for this consumer: it may go on
+            waiter = pipe.waiter = pipe.bridge.loop.create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                pipe.leave("user")  # the consumer is cancelled: the query is aborted, now
+                raise
+            finally:
+                pipe.waiter = None
+        pipe.consumed += 1
+        event = buffer.popleft()
+        if type(event) is ResultMessage:
+            handle = pipe.handle
+            assert handle is not None
+            pipe.result, pipe.terminal, pipe.transitions = event, handle.terminal, handle.transitions
+        return event
+
+    async def result(self) -> ResultMessage:
+        """Consume the remaining events and return the `ResultMessage`."""
+        async for _ in self:
+            pass
+        pipe = self._pipe
+        if pipe.result is None:
+            if pipe.gone and not pipe.ended:
+                await self._wait_ended()
+            if pipe.result is None:
+                msg = "the query ended without a result (its consumer left before it ran)"
+                raise QueryloopError(msg)
+        return pipe.result
+
+    wait = result
+
+    def abort(self, reason: AbortReason = "user") -> None:
+        """Abort the query (if it still runs); from any task or thread. Its events go on to its result."""
+        pipe = self._pipe
+        pipe.bridge.send(lambda: pipe.abandon(reason))
+
+    async def aclose(self) -> None:
+        """Stop listening: a query still running is aborted (reason `user`); returns once it has ended
+        (its `terminal` is then known). The abort is handed over before anything is awaited."""
+        pipe = self._pipe
+        pipe.leave("user")
+        await self._wait_ended()
+
+    async def _wait_ended(self) -> None:
+        pipe = self._pipe
+        if not pipe.ended:
+            if pipe.end is None:
+                pipe.end = pipe.bridge.loop.create_future()
+            await asyncio.shield(pipe.end)  # a cancelled waiter leaves it to the next one (a shielded cleanup)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        # Dropped unread: that is the consumer leaving. A finalizer may run on any thread, at any
+        # moment: `leave` only queues the abort for the trio side.
+        pipe = getattr(self, "_pipe", None)
+        if pipe is not None and not pipe.ended and not pipe.gone:
+            try:
+                pipe.leave("user")
+            except Exception:  # noqa: BLE001 - a finalizer must not raise
+                logger.exception("abandoning a dropped query failed")

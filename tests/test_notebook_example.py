@@ -1,0 +1,29 @@
+"""examples/notebook.ipynb, executed cell by cell by nbclient on a real ipykernel: the runtime is opened
+in one cell, queried and aborted in later ones, and closed in the last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbclient
+import nbformat
+
+NOTEBOOK = Path(__file__).parent.parent / "examples" / "notebook.ipynb"
+
+
+def test_the_notebook_opens_a_runtime_queries_aborts_and_closes_it_across_cells() -> None:
+    notebook: Any = nbformat.read(NOTEBOOK, as_version=4)  # type: ignore[no-untyped-call]
+    nbclient.NotebookClient(notebook, timeout=60, kernel_name="python3").execute()
+    outputs = [
+        "".join(output.get("text", "") for output in cell.get("outputs", []))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+    ]
+    assert outputs == [
+        "runtime open: guest\n",
+        "2 + 3 = 5\ncompleted 2 turns\n",
+        "the tool is running\n",
+        "aborted_tools 0 tasks left\n",
+        "closed: True 0 sessions open\n",
+    ]
