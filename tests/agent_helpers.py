@@ -20,7 +20,9 @@ class ByPrompt:
     """Plays `scripts[prompt]` for the conversation that started with `prompt` (an unknown one is an error)."""
 
     def __init__(self, scripts: dict[str, list[dict[str, Any]]]) -> None:
-        self.models = {prompt: ScriptedModel(entries, name=f"m{i}") for i, (prompt, entries) in enumerate(scripts.items())}
+        self.models = {
+            prompt: ScriptedModel(entries, name=f"m{i}") for i, (prompt, entries) in enumerate(scripts.items())
+        }
         self.requests: list[ModelRequest] = []
 
     def requests_of(self, prompt: str) -> list[ModelRequest]:

@@ -118,6 +118,8 @@ class TranscriptLog:
             msg = f"transcript log {self.path} is closed"
             raise ValueError(msg)
         record = message.model_dump(mode="json")
+        if record.get("parent_tool_use_id", 0) is None:
+            del record["parent_tool_use_id"]  # a session's own message: the file keeps its shape
         if held:
             record["held"] = True
         self._pending.append(_line(record))
