@@ -149,6 +149,8 @@ async def _runtime_once(runtime: Runtime, k: int, args: argparse.Namespace, dela
             asked = time.perf_counter()
             session.abort_nowait("user")
     await _check(session, results, children, tally)
+    if delay is not None and ended and ended < asked:
+        return -1.0  # the stream had ended before the abort: no latency to take
     return ended - (asked if delay is not None else started)
 
 
@@ -188,6 +190,8 @@ async def _baseline_once(k: int, args: argparse.Namespace, delay: float | None, 
             abort.abort("user")
     if results != 1:
         tally.violations += 1
+    if delay is not None and ended < asked:
+        return -1.0  # the stream had ended before the abort: no latency to take
     return ended - (asked if delay is not None else started)
 
 
@@ -199,7 +203,9 @@ async def _side(
     rng = random.Random(args.seed * 1000 + k)
     span = statistics.median(whole)
     for _ in range(args.aborts):
-        tally.latencies.append(await once(rng.uniform(0, span), tally))
+        latency = await once(rng.uniform(0, span), tally)
+        if latency >= 0:
+            tally.latencies.append(latency)
     latencies = sorted(tally.latencies)
     return {
         "children_per_s": round(k / min(whole), 1),
