@@ -18,10 +18,17 @@ to it by message (`BeginQuery`, `RecordUsage`, `SettleQuery`, `CheckTokenBudget`
 
 A guard may have a parent: a host-wide BudgetGuard whose `max_budget_usd` caps
 the sum over every session that reports to it.
+
+A subagent's ledger has an `above`: a function of its parent's (`SpendAbove`) that every
+cost it accounts is handed to as it is accounted, so the parent's query (and, through the
+parent, the host) counts a child's spend call by call; it answers whether the parent's cap is
+reached, which stops the child as its own cap would. Its `agent_id` stops seed 003's
+token-budget gate for it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +61,14 @@ class RecordUsage(Message):
     usage: Usage
     query_usage: bool = True
     """False for the runtime's own calls (summaries, compaction): their cost counts, their tokens do not."""
+
+
+@record
+class RecordSpend(Message):
+    """Spend already priced (a subagent's, reported up call by call): counted as the query's."""
+
+    usage: Usage
+    cost_usd: float
 
 
 @record
@@ -94,22 +109,34 @@ def cost_usd(usage: Usage, price: Pricing) -> float:
     ) / 1_000_000
 
 
+SpendAbove = Callable[[Usage, float], bool]
+"""A subagent's report of one priced call to its parent; True when the parent's cap is reached."""
+
+
 class BudgetLedger:
     """The accounting of one session's queries (see the module docstring); used on the trio thread only."""
 
     __slots__ = (
+        "_above_exceeded",
         "_priced_model",
         "_pricing",
         "_query_max",
         "_token_budget",
         "_tracker",
+        "above",
+        "agent_id",
         "query_cost_usd",
         "query_usage",
         "session_cost_usd",
         "session_usage",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, *, agent_id: str | None = None, above: SpendAbove | None = None) -> None:
+        self.agent_id = agent_id
+        """Set for a subagent's ledger: seed 003's token-budget gate stops for it."""
+        self.above = above
+        """A subagent's: every accounted cost is reported to its parent through it, at once."""
+        self._above_exceeded = False
         self.session_usage = Usage()
         self.session_cost_usd = 0.0
         self.query_usage = Usage()
@@ -143,11 +170,22 @@ class BudgetLedger:
         self.query_cost_usd += cost
         self.session_usage = self.session_usage + usage
         self.session_cost_usd += cost
+        if self.above is not None and self.above(usage if query_usage else Usage(), cost):
+            self._above_exceeded = True
         return cost
 
+    def add(self, usage: Usage, cost: float) -> None:
+        """Record spend priced already (a subagent's), as the query's; reported further up in turn."""
+        self.query_usage = self.query_usage + usage
+        self.query_cost_usd += cost
+        self.session_usage = self.session_usage + usage
+        self.session_cost_usd += cost
+        if self.above is not None and self.above(usage, cost):
+            self._above_exceeded = True
+
     def query_cap_reached(self) -> bool:
-        """The query's own `max_budget_usd` is reached."""
-        return self._query_max is not None and self.query_cost_usd >= self._query_max
+        """The query's own `max_budget_usd` is reached (or, for a subagent, its parent's)."""
+        return self._above_exceeded or (self._query_max is not None and self.query_cost_usd >= self._query_max)
 
     def status(self, *, host_exceeded: bool = False) -> BudgetStatus:
         """The query's totals so far (`SettleQuery`'s answer)."""
@@ -159,7 +197,7 @@ class BudgetLedger:
 
     def check_token_budget(self, global_turn_tokens: int) -> TokenBudgetDecision:
         """Seed 003's gate for the current query (`CheckTokenBudget`)."""
-        return check_token_budget(self._tracker, None, self._token_budget, global_turn_tokens)
+        return check_token_budget(self._tracker, self.agent_id, self._token_budget, global_turn_tokens)
 
 
 class BudgetGuard(TrioActor):
@@ -191,6 +229,11 @@ class BudgetGuard(TrioActor):
         ledger = self.ledger
         if isinstance(message, RecordUsage):
             return self._record(message)
+        if isinstance(message, RecordSpend):
+            ledger.add(message.usage, message.cost_usd)
+            if self.parent is None:
+                return self._status()
+            return self._report_to_parent(message.cost_usd)
         if isinstance(message, BeginQuery):
             ledger.begin_query(
                 max_budget_usd=message.max_budget_usd,

@@ -188,3 +188,25 @@ def _result(subtype: Any, usage: Usage, turns: int, stop_reason: str | None) -> 
         usage=usage,
         num_turns=turns,
     )
+
+
+async def baseline_fan_out(
+    parent: Any, child: Any, read: Tool, prompt: str, abort: BaselineAbort
+) -> AsyncGenerator[Event, None]:
+    """`bench agents`' baseline: the baseline loop whose `Agent` tool runs a baseline loop per child.
+
+    The children run as the parent's tool tasks (one nursery), their events dropped, each one's last
+    text its result; the parent's abort cancels its phase's scope, and with it every child."""
+
+    async def agent(args: Any, ctx: ToolContext) -> str:
+        text = ""
+        async with aclosing(baseline_loop(child, [read], args["prompt"], BaselineAbort())) as events:
+            async for event in events:
+                if isinstance(event, AssistantMessage):
+                    text = "".join(b.get("text", "") for b in event.content if b.get("type") == "text") or text
+        return text
+
+    tools = [Tool(name="Agent", call=agent, concurrency_safe=True)]
+    async with aclosing(baseline_loop(parent, tools, prompt, abort)) as events:
+        async for event in events:
+            yield event

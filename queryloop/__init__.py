@@ -31,7 +31,9 @@ from queryloop.runtime.kernel._future import TrioFuture
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.messages import Abort, AbortAck, AbortReason, Message, SupervisorMessage
 from queryloop.runtime.kernel.supervisor import Supervisor
+from queryloop.runtime.loop.agents import AGENT_TOOL_NAME, AgentDefinition, AgentInput
 from queryloop.runtime.loop.events import (
+    AgentUsage,
     AssistantMessage,
     AttachmentMessage,
     Block,
@@ -52,7 +54,7 @@ from queryloop.runtime.loop.events import (
 from queryloop.runtime.loop.hooks import HookDecision, PostToolUseHook, PostToolUseInput, StopHook, StopHookInput
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.persistence import LoadedTranscript, load_transcript
+from queryloop.runtime.loop.persistence import LoadedTranscript, Sidechain, load_transcript
 from queryloop.runtime.loop.pricing import Pricing
 from queryloop.runtime.loop.state import ContinueReason, Terminal, TerminalReason
 from queryloop.runtime.loop.tools import Allow, CanUseTool, Deny, PermissionResult, Tool, ToolContext, ToolError, tool
@@ -78,10 +80,14 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 logger.disable("queryloop")
 
 __all__ = [
+    "AGENT_TOOL_NAME",
     "Abort",
     "AbortAck",
     "AbortReason",
     "ActorCrashed",
+    "AgentDefinition",
+    "AgentInput",
+    "AgentUsage",
     "Allow",
     "AnthropicModel",
     "AssistantMessage",
@@ -129,6 +135,7 @@ __all__ = [
     "ScriptedUsage",
     "Session",
     "SessionClosed",
+    "Sidechain",
     "StopHook",
     "StopHookInput",
     "StreamEvent",

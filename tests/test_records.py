@@ -95,6 +95,7 @@ def test_model_dump_is_a_new_tree_and_model_validate_reads_it_back() -> None:
             "cache_read_input_tokens": 0,
         },
         "is_api_error": False,
+        "parent_tool_use_id": None,
     }
     assert dumped["content"][0] is not message.content[0]
     assert json.loads(message.model_dump_json()) == message.model_dump(mode="json") == dumped

@@ -10,6 +10,13 @@ actor, only `queryloop.runtime.kernel` and `queryloop.runtime.loop` besides the 
 """
 
 from queryloop.actors.query_loop.loop import QueryLoop
-from queryloop.actors.query_loop.messages import GetConversation, QueryControl, Refused, RunQuery, Settled
+from queryloop.actors.query_loop.messages import (
+    GetConversation,
+    GetSidechains,
+    QueryControl,
+    Refused,
+    RunQuery,
+    Settled,
+)
 
-__all__ = ["GetConversation", "QueryControl", "QueryLoop", "Refused", "RunQuery", "Settled"]
+__all__ = ["GetConversation", "GetSidechains", "QueryControl", "QueryLoop", "Refused", "RunQuery", "Settled"]

@@ -42,8 +42,9 @@ from queryloop.actors.budget_guard import BeginQuery, BudgetLedger, BudgetStatus
 from queryloop.actors.compactor import ContextConfig, StageCollapse
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE
 from queryloop.actors.query_loop.context import QueryLoopContext
-from queryloop.actors.query_loop.messages import GetConversation, Refused, RunQuery
+from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, Refused, RunQuery
 from queryloop.actors.query_loop.run import BudgetExceeded, Run
+from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import ContextLimits, collapse_may_stage
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
     from queryloop.actors.model_caller import ModelCaller
     from queryloop.actors.tool_executor import StreamingToolExecutor
     from queryloop.runtime.loop.model import ModelProvider
-    from queryloop.runtime.loop.persistence import TranscriptLog
+    from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
 
 
 class QueryLoop(QueryLoopContext):
@@ -89,6 +90,10 @@ class QueryLoop(QueryLoopContext):
         budget_guard: ActorRef[BudgetGuard] | None = None,
         conversation: list[TranscriptMessage] | None = None,
         transcript: TranscriptLog | None = None,
+        ledger: BudgetLedger | None = None,
+        agents_host: AgentsHost | None = None,
+        depth: int = 0,
+        sidechains: dict[str, Sidechain] | None = None,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
@@ -96,7 +101,7 @@ class QueryLoop(QueryLoopContext):
         # A `budget_guard` (a host budget sits above the session: every call's cost must be reported) is
         # asked by message; without one the loop accounts inline and the guard is spawned on first need.
         self._budget_guard = budget_guard
-        self.ledger = BudgetLedger() if budget_guard is None else None
+        self.ledger = (ledger or BudgetLedger()) if budget_guard is None else None
         self._compactor = None
         self._summarizer = None
         self._compact_provider = compact_provider
@@ -105,6 +110,11 @@ class QueryLoop(QueryLoopContext):
         self.conversation: list[TranscriptMessage] = list(conversation or [])
         """Restored (resume) messages are in the log already: only what joins from now on is logged."""
         self.transcript = transcript
+        self.sidechains = dict(sidechains or {})
+        self._agents_host = agents_host
+        self._depth = depth
+        self._subagents: Subagents | None = None
+        """Made for the first query that has `agents` (a session without them never has one)."""
         self._run: Run | None = None
         self._queued: RunQuery | None = None
 
@@ -114,6 +124,8 @@ class QueryLoop(QueryLoopContext):
             return None
         if isinstance(message, GetConversation):
             return list(self.conversation)
+        if isinstance(message, GetSidechains):
+            return dict(self.sidechains)
         return super().on_receive(message)
 
     def _submit(self, message: RunQuery) -> None:
@@ -152,6 +164,14 @@ class QueryLoop(QueryLoopContext):
     def _new_run(self, message: RunQuery) -> Run:
         # The config snapshot: taken once, used by every iteration of this query (seed 001).
         options = message.options
+        tools = options.tools
+        if options.agents:
+            subagents = self._subagents
+            if subagents is None:
+                subagents = self._subagents = Subagents(self, QueryLoop, self._agents_host or AgentsHost(), self._depth)
+            agent_tool = subagents.tool_for(options)
+            if agent_tool is not None:
+                tools = [*tools, agent_tool]
         return Run(
             options=options,
             sink=message.sink,
@@ -163,8 +183,8 @@ class QueryLoop(QueryLoopContext):
                 append=options.append_system_prompt,
                 system_context=options.system_context,
             ),
-            tool_schemas=[t.api_schema() for t in options.tools],
-            tools={t.name: t for t in options.tools},
+            tool_schemas=[t.api_schema() for t in tools],
+            tools={t.name: t for t in tools},
             started=time.monotonic(),
             context=ContextConfig(
                 model=options.model,

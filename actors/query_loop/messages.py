@@ -69,3 +69,16 @@ class Settled(Message):
 
     terminal: Terminal
     transitions: list[ContinueReason]
+
+
+@record
+class Forwarded(CarrierMessage):
+    """A subagent's event, tagged with its `parent_tool_use_id`, on its way through the parent's turn
+    channel to the parent's consumer (the parent's conversation never takes it: the subagent's log has it)."""
+
+    event: Any
+
+
+@record
+class GetSidechains(Message):
+    """Answered with the subagents' conversations, by agent id (restored on resume, or run since)."""

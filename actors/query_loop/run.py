@@ -15,6 +15,7 @@ from queryloop.actors.tool_executor import ToolResult
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.events import (
+    AgentUsage,
     AssistantMessage,
     AttachmentMessage,
     SystemMessage,
@@ -100,6 +101,8 @@ class Run:
     turn: Turn | None = None
     memory: str | None = None
     memory_used: bool = False
+    agent_usage: dict[str, AgentUsage] | None = None
+    """What each subagent of this query spent, by agent id (`subagent.Subagents`); None: it started none."""
     hook_errors: list[str] = field(default_factory=list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own."""
     normalizer: IncrementalNormalizer = field(default_factory=IncrementalNormalizer)

@@ -20,7 +20,7 @@ import trio
 from queryloop.actors.budget_guard import BudgetGuard, BudgetLedger, BudgetStatus, RecordUsage
 from queryloop.actors.compactor import Compactor
 from queryloop.actors.model_caller import CallEnded, ConsumerGone, StartCall
-from queryloop.actors.query_loop.messages import RunQuery
+from queryloop.actors.query_loop.messages import Forwarded, RunQuery
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
     BudgetExceeded,
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from queryloop.actors.model_caller import ModelCaller
     from queryloop.actors.tool_executor import StreamingToolExecutor
-    from queryloop.runtime.loop.persistence import TranscriptLog
+    from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
 
 TURN_BUFFER = 256
 """Items a model call and its tools may queue before they wait for the loop (backpressure)."""
@@ -80,6 +80,8 @@ class QueryLoopTurns(TrioActor):
     _session_dir: Path | None
     conversation: list[TranscriptMessage]
     transcript: TranscriptLog | None
+    sidechains: dict[str, Sidechain]
+    """The subagents' conversations, by agent id: restored on resume, and each one's as it ends."""
     _run: Run | None
     _queued: RunQuery | None
 
@@ -233,7 +235,7 @@ class QueryLoopTurns(TrioActor):
             if usage is None:
                 return
             ledger = self.ledger
-            if run.options.max_budget_usd is None and ledger is not None:
+            if run.options.max_budget_usd is None and ledger is not None and ledger.above is None:
                 run.unsettled.append((run.model, usage))  # no cap to check: accounted once, when the query ends
                 return
             if ledger is not None:  # capped by the query alone: checked here, inline
@@ -252,6 +254,22 @@ class QueryLoopTurns(TrioActor):
                 run.budget_exceeded = True
                 if not run.ending:
                     raise BudgetExceeded
+        elif kind is Forwarded:  # a subagent's event, tagged: to the consumer only (its own log has it)
+            await self._pass_on(run, item.event)
+
+    async def _pass_on(self, run: Run, event: Event) -> None:
+        """A subagent's event to this query's consumer; it joins neither the conversation nor this log."""
+        if run.consumer_open:
+            try:
+                run.sink.send_nowait(event)
+            except trio.WouldBlock:
+                with trio.CancelScope(shield=True):
+                    await run.sink.send(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False
+                run.abort("user")
+        if run.budget_exceeded and not run.ending:
+            raise BudgetExceeded
 
     def _drain_in_ending(self, run: Run, turn: Turn) -> None:
         """`_dispatch` for what a turn cut short has queued: nothing waits (the ending's events are
@@ -272,6 +290,12 @@ class QueryLoopTurns(TrioActor):
                     run.unsettled.append((run.model, usage))
             elif kind is ConsumerGone:
                 run.consumer_open = False
+            elif kind is Forwarded:
+                if run.consumer_open:
+                    try:
+                        run.sink.push(item.event)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        run.consumer_open = False
             else:  # progress and system messages produced before the cut
                 self._emit_now(run, item)
 

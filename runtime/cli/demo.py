@@ -3,7 +3,9 @@
 The demo brings its own files: `demo_folder()` makes a temporary folder holding `DEMO_FILES`, and
 the demo's tools are confined to it, so the demo behaves the same from whatever directory it is
 run. Its model is scripted, but its last answer is built from what the tools actually returned:
-it reports a failed tool as a failure, never as done.
+it reports a failed tool as a failure, never as done. Its first turn also hands `stand.py` to a
+subagent (`DEMO_AGENTS`, the `checker`), which reads it with its own tool and reports back: the live
+view nests the checker's steps under its `Agent` call.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import trio
 from pydantic import BaseModel, Field
 
+from queryloop.runtime.loop.agents import AGENT_TOOL_NAME, AgentDefinition
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, tool
 from queryloop.runtime.providers.scripted import ScriptedModel, ScriptedReply
@@ -113,6 +116,31 @@ LOOK_AROUND = ScriptedReply(
         {"type": "text", "text": "I'll look at the project first."},
         {"type": "tool_use", "id": "toolu_list", "name": "list_files", "input": {"path": "."}},
         {"type": "tool_use", "id": "toolu_read", "name": "read_file", "input": {"path": "README.md"}},
+        {
+            "type": "tool_use",
+            "id": "toolu_agent",
+            "name": AGENT_TOOL_NAME,
+            "input": {
+                "description": "Check stand.py",
+                "prompt": "Read stand.py and say what sell() charges.",
+                "subagent_type": "checker",
+            },
+        },
+    ],
+    stop_reason="tool_use",
+    latency_ms=300,
+)
+CHECKER_PROMPT = "You check one Python file and report what it does, in one sentence."
+DEMO_AGENTS = {
+    "checker": AgentDefinition(
+        description="Reads one file and reports what it does", prompt=CHECKER_PROMPT, tools=["read_file"]
+    )
+}
+"""The demo's subagent: the first turn asks it about `stand.py`."""
+CHECKER_READ = ScriptedReply(
+    content=[
+        {"type": "text", "text": "Reading stand.py."},
+        {"type": "tool_use", "id": "toolu_check_read", "name": "read_file", "input": {"path": "stand.py"}},
     ],
     stop_reason="tool_use",
     latency_ms=300,
@@ -143,14 +171,28 @@ class DemoModel:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
         self.requests.append(request)
         turns = sum(1 for message in request.messages if message.get("role") == "assistant")
-        reply = LOOK_AROUND if turns == 0 else COUNT if turns == 1 else answer(request.messages)
-        async with aclosing(ScriptedModel([reply], name="demo").stream(request)) as events:
+        if any(block.get("text") == CHECKER_PROMPT for block in request.system):  # the subagent's request
+            reply = CHECKER_READ if turns == 0 else checked(request.messages)
+        else:
+            reply = LOOK_AROUND if turns == 0 else COUNT if turns == 1 else answer(request.messages)
+        async with aclosing(ScriptedModel([reply], name=f"demo{len(self.requests)}").stream(request)) as events:
             async for event in events:
                 yield event
 
 
-def answer(messages: list[dict[str, Any]]) -> ScriptedReply:
-    """The demo's last word: what the tools found, or which of them failed."""
+def checked(messages: list[dict[str, Any]]) -> ScriptedReply:
+    """The checker's answer, from what its read returned."""
+    text, is_error = tool_results(messages).get("toolu_check_read", ("no result", True))
+    price = next((line.split("=")[1].strip() for line in text.splitlines() if "PRICE_CENTS =" in line), None)
+    if is_error or price is None:
+        said = f"I could not read stand.py: {text}"
+    else:
+        said = f"stand.py: sell(cups) charges {price} cents a cup."
+    return ScriptedReply(content=[{"type": "text", "text": said}], latency_ms=300)
+
+
+def tool_results(messages: list[dict[str, Any]]) -> dict[str, tuple[str, bool]]:
+    """Every tool result of the conversation: its text and whether it is an error, by tool_use id."""
     results: dict[str, tuple[str, bool]] = {}
     for message in messages:
         content = message.get("content")
@@ -161,7 +203,18 @@ def answer(messages: list[dict[str, Any]]) -> ScriptedReply:
                 body = block.get("content", "")
                 text = body if isinstance(body, str) else " ".join(str(b.get("text", "")) for b in body)
                 results[block.get("tool_use_id", "")] = (text, bool(block.get("is_error")))
-    names = {"toolu_list": "list_files", "toolu_read": "read_file", "toolu_count": "count_lines"}
+    return results
+
+
+def answer(messages: list[dict[str, Any]]) -> ScriptedReply:
+    """The demo's last word: what the tools (and the checker) found, or which of them failed."""
+    results = tool_results(messages)
+    names = {
+        "toolu_list": "list_files",
+        "toolu_read": "read_file",
+        "toolu_agent": "the checker",
+        "toolu_count": "count_lines",
+    }
     failed = [
         f"{name}: {results[key][0] if key in results else 'no result'}"
         for key, name in names.items()
@@ -174,7 +227,8 @@ def answer(messages: list[dict[str, Any]]) -> ScriptedReply:
         first_line = next(iter(results["toolu_read"][0].splitlines()), "")
         text = (
             f"Done: the project holds {len(entries)} entries ({', '.join(entries)}); "
-            f"its README.md has {results['toolu_count'][0]} lines and starts with {first_line!r}."
+            f"its README.md has {results['toolu_count'][0]} lines and starts with {first_line!r}. "
+            f"The checker says: {results['toolu_agent'][0]}"
         )
     return ScriptedReply(content=[{"type": "text", "text": text}], latency_ms=300)
 

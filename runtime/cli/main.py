@@ -24,11 +24,12 @@ import trio
 from pydantic import ValidationError
 from rich.console import Console, Group
 from rich.live import Live
+from rich.padding import Padding
 from rich.spinner import Spinner
 from rich.text import Text
 
 from queryloop import __version__
-from queryloop.runtime.cli.demo import demo_folder, demo_model, demo_tools
+from queryloop.runtime.cli.demo import DEMO_AGENTS, demo_folder, demo_model, demo_tools
 from queryloop.runtime.cli.scenario import ScenarioError, run_scenario_file
 from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
@@ -83,18 +84,35 @@ class _ToolRow:
     progress: str = ""
     result: str | None = None
     is_error: bool = False
+    agent: LiveView | None = None
+    """A subagent's own view, when this row is an `Agent` call: its events, nested under the row."""
 
 
 @dataclass
 class LiveView:
-    """What the terminal shows of one query, rebuilt from its events."""
+    """What the terminal shows of one query, rebuilt from its events.
+
+    A subagent's events (`parent_tool_use_id` set) go to a view of their own, nested under the row
+    of the `Agent` call that runs it (and a sub-subagent's under its parent's row, and so on)."""
 
     lines: list[Text | _ToolRow] = field(default_factory=list)
     streaming: str = ""
     tools: dict[str, _ToolRow] = field(default_factory=dict)
+    """Every tool row of this view and of the nested ones, by tool_use id (shared with them)."""
     footer: Text | None = None
 
     def apply(self, event: QueryEvent) -> None:
+        parent = getattr(event, "parent_tool_use_id", None)
+        if parent is None:
+            self._apply(event)
+            return
+        row = self.tools.get(parent)
+        if row is not None:
+            if row.agent is None:
+                row.agent = LiveView(tools=self.tools)
+            row.agent._apply(event)  # noqa: SLF001 - the same class
+
+    def _apply(self, event: QueryEvent) -> None:
         if isinstance(event, StreamEvent):
             delta = event.event.get("delta") or {}
             if delta.get("type") == "text_delta":
@@ -147,6 +165,8 @@ class LiveView:
             else:
                 mark, style = ("✗", "red") if line.is_error else ("✓", "green")
                 parts.append(Text(f"{mark} {line.name}({line.arguments}) → {line.result}", style=style))
+            if isinstance(line, _ToolRow) and line.agent is not None:
+                parts.append(Padding(line.agent.render(), (0, 0, 0, 4)))  # the subagent's steps, indented
         if self.streaming:
             parts.append(Text(self.streaming))
         if self.footer is not None:
@@ -174,7 +194,10 @@ def _plan(args: argparse.Namespace, stack: ExitStack) -> _Plan:
     prompt = args.prompt if args.prompt is not None else DEMO_PROMPT
     if args.model is None:
         folder = stack.enter_context(demo_folder())
-        options = _validated(provider=demo_model(), tools=demo_tools(folder, args.demo_tool_delay), **common)
+        tools = demo_tools(folder, args.demo_tool_delay)
+        # The demo's checker subagent reads with `read_file` (a test may swap the demo's tools out).
+        agents = DEMO_AGENTS if "read_file" in {t.name for t in tools} else {}
+        options = _validated(provider=demo_model(), tools=tools, agents=agents, **common)
         return _Plan(prompt, options, [Text(f"(the demo works on files of its own, in {folder})", style="dim")])
     try:
         pricing_for(args.model)

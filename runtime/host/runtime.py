@@ -13,11 +13,13 @@ from loguru import logger
 from queryloop.actors.budget_guard import BudgetGuard
 from queryloop.actors.model_caller import ModelCaller
 from queryloop.actors.query_loop import QueryLoop
+from queryloop.actors.query_loop.subagent import AgentsHost, AgentSlots
 from queryloop.actors.tool_executor import StreamingToolExecutor
 from queryloop.runtime.errors import NotInTrio
 from queryloop.runtime.host import _gc
 from queryloop.runtime.host.session import Session
 from queryloop.runtime.kernel.supervisor import Supervisor
+from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import LoadedTranscript, load_transcript, open_log
 from queryloop.runtime.loop.tools import Tool
@@ -39,12 +41,20 @@ SHUTDOWN_GRACE_S = 5.0
 class Runtime:
     """Hosts sessions side by side in one trio run; open it with `Runtime.open()`."""
 
-    def __init__(self, nursery: trio.Nursery, *, max_concurrent_model_calls: int | None = None) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        max_concurrent_model_calls: int | None = None,
+        max_live_agents: int | None = DEFAULT_MAX_LIVE_AGENTS,
+    ) -> None:
         self._nursery = nursery
         self.model_calls = (
             trio.CapacityLimiter(max_concurrent_model_calls) if max_concurrent_model_calls is not None else None
         )
         """Host-wide: at most this many model calls stream at once, across every session (None: no cap)."""
+        self.agents = AgentsHost(slots=AgentSlots(max_live_agents), model_calls=self.model_calls)
+        """Host-wide: the live subagents of every session (`agents.slots.live`) and their cap."""
         self._groups: dict[str, Supervisor] = {}
         self._sessions: dict[str, Session] = {}
         self._prefix = secrets.token_hex(3)
@@ -56,7 +66,11 @@ class Runtime:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, *, max_concurrent_model_calls: int | None = None, tune_gc: bool = False
+        cls,
+        *,
+        max_concurrent_model_calls: int | None = None,
+        tune_gc: bool = False,
+        max_live_agents: int | None = DEFAULT_MAX_LIVE_AGENTS,
     ) -> AsyncIterator[Runtime]:
         """Run a runtime for the duration of the `async with` block; leaving it closes every session.
 
@@ -65,6 +79,9 @@ class Runtime:
 
         `max_concurrent_model_calls` caps the model calls streaming at once across all sessions
         (a call waits for a slot; its retries' backoff does not hold one).
+
+        `max_live_agents` caps the subagents running at once across all sessions (None: no cap); an
+        agent call past it is answered at once with an error result (docs/agents.md).
 
         `tune_gc` (off by default: a library leaves its host's process settings alone): a host that
         owns its process and runs hundreds of loops at once should pass True. While a runtime opened
@@ -81,7 +98,7 @@ class Runtime:
         if tune_gc:
             _gc.acquire()
         try:
-            async with cls._open(max_concurrent_model_calls) as runtime:
+            async with cls._open(max_concurrent_model_calls, max_live_agents) as runtime:
                 yield runtime
         finally:
             if tune_gc:
@@ -89,9 +106,11 @@ class Runtime:
 
     @classmethod
     @asynccontextmanager
-    async def _open(cls, max_concurrent_model_calls: int | None) -> AsyncIterator[Runtime]:
+    async def _open(cls, max_concurrent_model_calls: int | None, max_live_agents: int | None) -> AsyncIterator[Runtime]:
         async with trio.open_nursery() as nursery:
-            runtime = cls(nursery, max_concurrent_model_calls=max_concurrent_model_calls)
+            runtime = cls(
+                nursery, max_concurrent_model_calls=max_concurrent_model_calls, max_live_agents=max_live_agents
+            )
             try:
                 yield runtime
             finally:
@@ -168,6 +187,8 @@ class Runtime:
             budget_guard=budget,
             conversation=loaded.messages if loaded is not None else None,
             transcript=log,
+            agents_host=self.agents,
+            sidechains=loaded.sidechains if loaded is not None else None,
         )
         session = Session(group, options, loop, log)
         self._sessions[session.id] = session

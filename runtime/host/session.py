@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import trio
 
-from queryloop.actors.query_loop import GetConversation, QueryControl, Refused, RunQuery, Settled
+from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, Refused, RunQuery, Settled
 from queryloop.runtime.errors import QueryInProgress, SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, TranscriptMessage, UserMessage
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from queryloop.runtime.errors import ActorCrashed
     from queryloop.runtime.kernel.messages import AbortAck, AbortReason
     from queryloop.runtime.kernel.supervisor import Supervisor
-    from queryloop.runtime.loop.persistence import TranscriptLog
+    from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
     from queryloop.runtime.loop.state import ContinueReason, Terminal
 
 
@@ -233,9 +233,14 @@ class Session:
         conversation: list[TranscriptMessage] = await self._loop.ask(GetConversation(), block=False)
         return conversation
 
+    async def sidechains(self) -> dict[str, Sidechain]:
+        """The subagents' conversations, by agent id: restored on resume, and each one's as it ended."""
+        found: dict[str, Sidechain] = await self._loop.ask(GetSidechains(), block=False)
+        return found
+
     def live_tasks(self) -> int:
-        """Work tasks of this session still running (0 once a query's stream has ended)."""
-        return sum(actor.busy for actor in self.supervisor.actors)
+        """Work tasks of this session and its subagents still running (0 once a query's stream has ended)."""
+        return self.supervisor.live_tasks()
 
     async def close(self) -> None:
         """Abort what runs, then stop every actor of the session."""

@@ -12,7 +12,12 @@ opened in (the runtime's), each under a cancel scope its actor owns. Hence:
   `ActorCrashed`, tells its listeners, and closes the group (one for all);
   other sessions never see it;
 * opening and closing a group is O(this session's actors and work), whatever
-  else is alive.
+  else is alive;
+* groups form a tree: `child(id)` opens a group supervised by this one (a subagent's). An
+  abort of the parent reaches every descendant's actors and is answered once all of them
+  have acked; closing the parent closes the children first, and the parent counts as closed
+  only when every descendant has. A child's crash closes the child alone: whoever opened it
+  reads `failure` (the parent session goes on).
 
 `spawn`, `abort` and `close` may be called from the trio thread or from any other
 thread (they are then run on the trio thread through its token).
@@ -48,9 +53,18 @@ class Supervisor:
     """The parent of one session's actors."""
 
     def __init__(
-        self, session_id: str, nursery: trio.Nursery, *, on_closed: Callable[[Supervisor], None] | None = None
+        self,
+        session_id: str,
+        nursery: trio.Nursery,
+        *,
+        on_closed: Callable[[Supervisor], None] | None = None,
+        parent: Supervisor | None = None,
     ) -> None:
         self.session_id = session_id
+        self.parent = parent
+        """The group this one is a child of (a subagent's), or None for a session's own group."""
+        self.children: list[Supervisor] = []
+        """Open child groups (`child`): aborts and closes reach them, and their descendants."""
         self.failure: ActorCrashed | None = None
         """Set when an actor of the group crashed; the group is then closed."""
         self.actors: list[TrioActor] = []
@@ -101,13 +115,35 @@ class Supervisor:
         self.actors.append(actor)
         self._live += 1
 
+    def child(self, session_id: str) -> Supervisor:
+        """Open a child group under this one (same nursery): aborted and closed with it (module docstring)."""
+        if self._closing:
+            msg = f"session {self.session_id} is closed; cannot open the child group {session_id}"
+            raise SessionClosed(msg)
+        group = Supervisor(session_id, self._nursery, parent=self)
+        self.children.append(group)
+        return group
+
+    def _child_closed(self, child: Supervisor) -> None:
+        try:
+            self.children.remove(child)
+        except ValueError:
+            return
+        if self._closing and not self._live and not self.children:
+            self._closed_now()
+
     def _actor_finished(self, actor: TrioActor) -> None:
         self._live -= 1
-        if self._closing and not self._live:
+        if self._closing and not self._live and not self.children:
             self._closed_now()
 
     def _closed_now(self) -> None:
+        if self._closed.is_set():
+            return
         self._closed.set()
+        parent, self.parent = self.parent, None
+        if parent is not None:
+            parent._child_closed(self)  # noqa: SLF001 - the tree's own bookkeeping
         if self._on_closed is not None:
             self._on_closed(self)
         # Break the reference cycles (actors ↔ supervisor, listeners ↔ session) so that a
@@ -124,14 +160,14 @@ class Supervisor:
 
         Each actor cancels its work and answers once that work has unwound, so when
         this returns no work of the session started before the abort is running.
-        Idempotent: a second abort finds nothing to cancel.
+        Idempotent: a second abort finds nothing to cancel. Child groups are aborted in
+        the same call, depth first: the acks of every descendant are awaited too.
         """
         if threading.get_ident() != self._thread:
             return trio.from_thread.run(self.abort, reason, trio_token=self._token)
         message = Abort(reason=reason)
-        futures = [
-            actor.actor_ref.ask(message, block=False) for actor in self.actors if not actor.actor_stopped.is_set()
-        ]
+        futures: list[Any] = []
+        self._ask_abort(message, futures)
         acks: list[AbortAck] = []
         for future in futures:
             try:
@@ -140,12 +176,22 @@ class Supervisor:
                 continue  # it stopped (or the group closed) while the abort was on its way
         return acks
 
+    def _ask_abort(self, message: Abort, futures: list[Any]) -> None:
+        """Send `message` to every live actor of this group and of its descendants, collecting the futures."""
+        futures.extend(
+            actor.actor_ref.ask(message, block=False) for actor in self.actors if not actor.actor_stopped.is_set()
+        )
+        for child in list(self.children):
+            child._ask_abort(message, futures)  # noqa: SLF001 - the same class
+
     def abort_nowait(self, reason: AbortReason) -> None:
         """Send `Abort(reason)` to every live actor without waiting for acks (usable where nothing can await)."""
         message = Abort(reason=reason)
         for actor in self.actors:
             if not actor.actor_stopped.is_set():
                 actor.actor_ref.tell(message)
+        for child in list(self.children):
+            child.abort_nowait(reason)
 
     async def close(self) -> None:
         """Stop every actor of the session and return when none of its tasks runs. Idempotent."""
@@ -160,10 +206,12 @@ class Supervisor:
         if self._closing:
             return
         self._closing = True
+        for child in list(self.children):
+            child.close_nowait()
         for actor in list(self.actors):
             if not actor.actor_stopped.is_set():
                 actor.actor_ref.tell(_SHUTDOWN)
-        if not self._live:
+        if not self._live and not self.children:
             self._closed_now()
 
     async def wait_closed(self) -> None:
@@ -175,8 +223,8 @@ class Supervisor:
         self._crash_listeners.append(listener)
 
     def live_tasks(self) -> int:
-        """How many trio tasks of this session are running (its actors' work)."""
-        return sum(actor.busy for actor in self.actors)
+        """How many trio tasks of this session and of its child groups are running (their actors' work)."""
+        return sum(actor.busy for actor in self.actors) + sum(child.live_tasks() for child in self.children)
 
     def _actor_crashed(self, actor: TrioActor, error: BaseException) -> None:
         if self.failure is None:

@@ -152,6 +152,8 @@ class UserMessage(Event):
     content: str | list[Block]
     is_meta: bool = False
     """Written by the runtime for the model (recovery prompts, hook feedback), not typed by a person."""
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
 @record
@@ -168,6 +170,8 @@ class AssistantMessage(Event):
     """The response's usage as known when this block completed (input side final, output partial)."""
     is_api_error: bool = False
     """A synthetic message that reports an API error to the user; never sent back to the model."""
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
 def api_error_message(model: str, text: str) -> AssistantMessage:
@@ -189,6 +193,8 @@ class SystemMessage(Event):
     subtype: str
     content: str = ""
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
 @record
@@ -198,6 +204,8 @@ class AttachmentMessage(Event):
     type: Literal["attachment"] = "attachment"
     uuid: str = dataclasses.field(default_factory=new_uuid)
     attachment: dict[str, Any]
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
 TranscriptMessage = Annotated[
@@ -212,6 +220,8 @@ class StreamRequestStart(Event):
     """A model call starts (one per request, retries and fallbacks included)."""
 
     type: Literal["stream_request_start"] = "stream_request_start"
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
 @record
@@ -220,6 +230,8 @@ class StreamEvent(Event):
 
     type: Literal["stream_event"] = "stream_event"
     event: dict[str, Any]
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
 @record
@@ -229,6 +241,8 @@ class ProgressEvent(Event):
     type: Literal["progress"] = "progress"
     tool_use_id: str
     data: Any
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
 @record
@@ -237,6 +251,8 @@ class TombstoneEvent(Event):
 
     type: Literal["tombstone"] = "tombstone"
     message_uuid: str
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
 @record
@@ -246,6 +262,18 @@ class ToolUseSummaryEvent(Event):
     type: Literal["tool_use_summary"] = "tool_use_summary"
     summary: str
     preceding_tool_use_ids: list[str]
+    parent_tool_use_id: str | None = None
+    """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+
+
+@record
+class AgentUsage(Model):
+    """What one subagent (its own subagents included) spent, in its parent's `result.usage_by_agent`."""
+
+    agent_type: str
+    parent_tool_use_id: str
+    usage: Usage
+    total_cost_usd: float
 
 
 ResultSubtype = Literal["success", "error_max_turns", "error_max_budget_usd", "error_during_execution"]
@@ -270,6 +298,8 @@ class ResultMessage(Event):
     """Why the query ended, for an ending that says (max turns, budget, a model error, a stop hook's
     `prevent`), then the text of each non-blocking hook error (`hook_error` system events), in order.
     Hook errors change neither `subtype` nor `is_error`: a `success` may carry them."""
+    usage_by_agent: dict[str, AgentUsage] = dataclasses.field(default_factory=dict)
+    """Per subagent (by agent id) of this query: what it spent. `usage` and `total_cost_usd` include it."""
 
 
 QueryEvent = Annotated[

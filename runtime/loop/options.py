@@ -8,6 +8,12 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
+from queryloop.runtime.loop.agents import (
+    AGENT_TOOL_NAME,
+    DEFAULT_MAX_AGENT_DEPTH,
+    DEFAULT_MAX_CONCURRENT_AGENTS,
+    AgentDefinition,
+)
 from queryloop.runtime.loop.events import TranscriptMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, StopHook
 from queryloop.runtime.loop.model import ModelProvider
@@ -115,6 +121,14 @@ class QueryOptions(BaseModel):
     event_buffer: int = Field(default=64, ge=1)
     """Events buffered between the loop and a slow consumer before the loop waits (backpressure)."""
 
+    # -- subagents (runtime/loop/agents.py, docs/agents.md) --
+    agents: dict[str, AgentDefinition] = Field(default_factory=dict)
+    """Subagents the model may start with the `Agent` tool (added to the tools when this is not empty)."""
+    max_agent_depth: int = Field(default=DEFAULT_MAX_AGENT_DEPTH, ge=1, le=8)
+    """How deep subagents nest: at 1 (the default, as Claude Code) a subagent has no agent tool itself."""
+    max_concurrent_agents: int = Field(default=DEFAULT_MAX_CONCURRENT_AGENTS, ge=1)
+    """Subagents of one query running at once; further calls wait for a slot."""
+
     @model_validator(mode="after")
     def _check(self) -> QueryOptions:
         names = [t.name for t in self.tools]
@@ -122,6 +136,17 @@ class QueryOptions(BaseModel):
         if duplicates:
             msg = f"tools: duplicate tool names {duplicates}"
             raise ValueError(msg)
+        if self.agents:
+            if AGENT_TOOL_NAME in names:
+                msg = f"tools: {AGENT_TOOL_NAME!r} is the subagent tool's name; rename your tool or drop `agents`"
+                raise ValueError(msg)
+            for agent_name, agent in self.agents.items():
+                unknown = sorted(set(agent.tools or ()) - set(names))
+                if unknown:
+                    msg = f"agents[{agent_name!r}].tools: no such tools {unknown} among the session's tools"
+                    raise ValueError(msg)
+                if agent.model is not None:
+                    pricing_for(agent.model, self.pricing if agent.model == self.model else None)
         # A model without a known price is refused here, not priced at $0 later.
         pricing_for(self.model, self.pricing)
         for model in (self.fallback_model, self.small_model):

@@ -7,7 +7,11 @@ One JSON record a line:
   with `"held": true`, a tool's result (or a hook's message) emitted while its response still
   streamed: it joins the conversation at the next `release` record (or at the end of the file);
 * `{"type": "release"}`: the held messages join the conversation here (their response is whole);
-* `{"type": "tombstone", "message_uuid": ...}`: an earlier message retracted (a fallback's abandoned response).
+* `{"type": "tombstone", "message_uuid": ...}`: an earlier message retracted (a fallback's abandoned response);
+* any of the three above with `"isSidechain": true, "agentId": ..., "agentType": ...` (and the message's
+  `parent_tool_use_id`): a subagent's record, written by its `SidechainLog` into its parent's file, as
+  Claude Code's transcripts keep subagents. It belongs to that agent's sidechain, never to the
+  parent's conversation; `load_transcript` returns each sidechain apart (`sidechains`).
 
 The rule (docs/design.md, "Durability"): nothing the consumer saw is lost to a crash.
 
@@ -38,7 +42,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -114,6 +118,8 @@ class TranscriptLog:
             msg = f"transcript log {self.path} is closed"
             raise ValueError(msg)
         record = message.model_dump(mode="json")
+        if record.get("parent_tool_use_id", 0) is None:
+            del record["parent_tool_use_id"]  # a session's own message: the file keeps its shape
         if held:
             record["held"] = True
         self._pending.append(_line(record))
@@ -167,6 +173,58 @@ class TranscriptLog:
             os.close(fd)
 
 
+class SidechainLog(TranscriptLog):
+    """A subagent's log: its records go into its parent's log (the same buffer, the same file), tagged.
+
+    What the subagent's loop appends joins the parent log's buffer in emission order, so the parent's
+    consumer, whose handle writes that buffer before it takes an event, never sees a forwarded child
+    event whose record is not written. `flush` fsyncs the parent's file; `close` only writes (the
+    parent owns the file). Records appended after the parent's log has closed are dropped.
+    """
+
+    def __init__(self, parent: TranscriptLog, *, agent_id: str, agent_type: str, parent_tool_use_id: str) -> None:
+        # The base's state is the parent's: nothing of it is made here.
+        self.path = parent.path
+        self.is_new = False
+        self._parent = parent
+        self._parent_tool_use_id = parent_tool_use_id
+        self._tags: dict[str, Any] = {"isSidechain": True, "agentId": agent_id, "agentType": agent_type}
+
+    def append(self, message: TranscriptMessage | TombstoneEvent, *, held: bool = False) -> None:
+        parent = self._parent
+        if parent._fd is None:  # noqa: SLF001 - the parent's own log
+            return
+        record = message.model_dump(mode="json")
+        if held:
+            record["held"] = True
+        record["parent_tool_use_id"] = self._parent_tool_use_id
+        record.update(self._tags)
+        parent._pending.append(_line(record))  # noqa: SLF001
+
+    def release(self) -> None:
+        if self._parent._fd is not None:  # noqa: SLF001
+            self._parent._pending.append(_line({"type": "release", **self._tags}))  # noqa: SLF001
+
+    def write(self) -> None:
+        self._parent.write()
+
+    async def flush(self) -> None:
+        await self._parent.flush()
+
+    def close(self) -> None:
+        self._parent.write()
+
+
+@dataclass(slots=True)
+class Sidechain:
+    """One subagent's conversation, restored from its parent's transcript."""
+
+    agent_id: str
+    agent_type: str
+    parent_tool_use_id: str | None
+    messages: list[TranscriptMessage]
+
+
 @dataclass(frozen=True, slots=True)
 class LoadedTranscript:
     session_id: str | None
@@ -177,6 +235,8 @@ class LoadedTranscript:
     """What was skipped or is still wrong, with line numbers; empty for an intact file."""
     repairs: list[UserMessage]
     """The synthetic results the loading added: new messages, not yet in the file."""
+    sidechains: dict[str, Sidechain] = field(default_factory=dict)
+    """The subagents' conversations, by agent id (each repaired as the main one is, in memory only)."""
 
 
 def load_transcript(path: str | os.PathLike[str]) -> LoadedTranscript:
@@ -186,6 +246,7 @@ def load_transcript(path: str | os.PathLike[str]) -> LoadedTranscript:
     messages: list[TranscriptMessage] = []
     held: list[TranscriptMessage] = []  # waiting for their `release` (or the end of the file)
     problems: list[str] = []
+    sides: dict[str, tuple[Sidechain, list[TranscriptMessage]]] = {}  # agent id -> (sidechain, its held)
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -197,6 +258,9 @@ def load_transcript(path: str | os.PathLike[str]) -> LoadedTranscript:
             problems.append(f"line {number}: {damage} record skipped (not JSON)")
             continue
         kind = record.get("type") if isinstance(record, dict) else None
+        if kind is not None and record.pop("isSidechain", False) is True:
+            _load_sidechain_record(record, kind, number, damage, sides=sides, problems=problems)
+            continue
         if kind == "session":
             version = record.get("version")
             if not isinstance(version, int) or version not in _READABLE_VERSIONS:
@@ -226,7 +290,65 @@ def load_transcript(path: str | os.PathLike[str]) -> LoadedTranscript:
     repairs = answer_open_tool_uses(messages)
     messages.extend(repairs)
     problems.extend(f"after repair: {problem}" for problem in transcript_problems(messages))
-    return LoadedTranscript(session_id=session_id, messages=messages, problems=problems, repairs=repairs)
+    return LoadedTranscript(
+        session_id=session_id,
+        messages=messages,
+        problems=problems,
+        repairs=repairs,
+        sidechains=_finish_sidechains(sides, problems),
+    )
+
+
+def _finish_sidechains(
+    sides: dict[str, tuple[Sidechain, list[TranscriptMessage]]], problems: list[str]
+) -> dict[str, Sidechain]:
+    """Each sidechain with its held messages joined and its open tool_uses answered (in memory)."""
+    sidechains: dict[str, Sidechain] = {}
+    for agent_id, (side, side_held) in sides.items():
+        side.messages.extend(side_held)
+        side.messages.extend(answer_open_tool_uses(side.messages))
+        problems.extend(f"sidechain {agent_id}: {problem}" for problem in transcript_problems(side.messages))
+        sidechains[agent_id] = side
+    return sidechains
+
+
+def _load_sidechain_record(
+    record: dict[str, Any],
+    kind: str,
+    number: int,
+    damage: str,
+    *,
+    sides: dict[str, tuple[Sidechain, list[TranscriptMessage]]],
+    problems: list[str],
+) -> None:
+    """One subagent's record (`isSidechain`) into its sidechain: messages, held ones, releases, tombstones."""
+    agent_id = record.pop("agentId", None)
+    agent_type = record.pop("agentType", "")
+    if not isinstance(agent_id, str):
+        problems.append(f"line {number}: {damage} sidechain record skipped (no agentId)")
+        return
+    found = sides.get(agent_id)
+    if found is None:
+        side = Sidechain(agent_id, str(agent_type), record.get("parent_tool_use_id"), [])
+        found = sides[agent_id] = (side, [])
+    side, held = found
+    if kind == "tombstone":
+        retracted = record.get("message_uuid")
+        side.messages[:] = [m for m in side.messages if m.uuid != retracted]
+        held[:] = [m for m in held if m.uuid != retracted]
+    elif kind == "release":
+        side.messages.extend(held)
+        held.clear()
+    elif kind in _MESSAGE_TYPES:
+        waits = record.pop("held", False) is True
+        try:
+            (held if waits else side.messages).append(_messages.validate_python(record))
+        except ValidationError as error:
+            problems.append(
+                f"line {number}: {damage} sidechain {kind} record skipped ({error.error_count()} invalid fields)"
+            )
+    else:
+        problems.append(f"line {number}: {damage} sidechain record skipped (unknown type {kind!r})")
 
 
 def answer_open_tool_uses(messages: list[TranscriptMessage]) -> list[UserMessage]:
@@ -271,5 +393,15 @@ def open_log(
         same = resumed_from is not None and not log.is_new and os.path.samefile(path, resumed_from)
         for message in resumed.repairs if same else resumed.messages:
             log.append(message)
+        if not same:  # the sidechains too: the new file alone restores them
+            for side in resumed.sidechains.values():
+                side_log = SidechainLog(
+                    log,
+                    agent_id=side.agent_id,
+                    agent_type=side.agent_type,
+                    parent_tool_use_id=side.parent_tool_use_id or "",
+                )
+                for message in side.messages:
+                    side_log.append(message)
     log.write()
     return log

@@ -1,0 +1,290 @@
+"""Subagents: the agent tool a query carries, and the child query loop each call of it runs.
+
+A call of the `Agent` tool (`queryloop.runtime.loop.agents`) runs as work of the parent's
+StreamingToolExecutor, like any tool. It opens a child actor group under the parent session's
+`Supervisor` (`Supervisor.child`: a supervision tree), spawns a StreamingToolExecutor, a ModelCaller
+and a QueryLoop there (the helpers follow on first need, as in a session), runs one query with the
+agent's system prompt and tool subset, relays the child's events to the parent's consumer, tagged
+with `parent_tool_use_id` (through the parent's turn channel, as `Forwarded` items), and returns the
+child's final text as the tool's result. Then it closes the child group: when the tool returns, no
+task of the child runs.
+
+* **Aborts.** An abort of the parent reaches the child's actors twice over: the parent's
+  `Supervisor.abort` reaches every descendant group (and waits for their acks), and the parent's
+  executor cancels this tool's work, whose shielded ending aborts the child (if it still runs: a
+  budget stop or a fallback aborts only the executor), waits for the child's query to end, and closes
+  the child group. The executor acks its abort only then, and the parent's stream ends only after
+  that ack (`QueryLoop._stop_workers`): no task of any descendant runs after the parent's stream ends.
+* **Crashes.** A crash in a child's actor closes the child group alone (its supervisor's failure is
+  its own); the tool call ends with an error result and the parent goes on.
+* **Budget.** The child's ledger reports each priced call to the parent as it is accounted
+  (`BudgetLedger.above`): into the parent's ledger (or, under a host budget, its BudgetGuard, which
+  reports to the host's), so the parent's `max_budget_usd` and the host budget count it, and the
+  parent's result lists it per agent (`ResultMessage.usage_by_agent`). A child whose spend takes the
+  parent past its cap stops (`max_budget_usd`), and so does the parent. The child's `agent_id` stops
+  seed 003's token-budget gate for it.
+* **Transcript.** With a transcript, the child's records go into the parent's file as a sidechain
+  (`SidechainLog`); the child's conversation is kept by the parent's QueryLoop (`sidechains`).
+* **Caps.** `max_concurrent_agents` per query (a call waits for a slot), `max_live_agents` per host
+  (refused at once past it: a wait there could deadlock parents on their own children), and
+  `max_agent_depth`: a child at that depth gets no agent tool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, cast
+
+import trio
+
+from queryloop.actors.budget_guard import BudgetLedger, BudgetStatus, RecordSpend
+from queryloop.actors.model_caller import ModelCaller
+from queryloop.actors.query_loop.messages import Forwarded, GetConversation, QueryControl, RunQuery
+from queryloop.actors.tool_executor import StreamingToolExecutor
+from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.kernel.supervisor import Supervisor
+from queryloop.runtime.loop.agents import (
+    AGENT_TOOL_NAME,
+    DEFAULT_MAX_LIVE_AGENTS,
+    AgentDefinition,
+    AgentInput,
+    agent_tool_description,
+)
+from queryloop.runtime.loop.events import AgentUsage, ResultMessage, Usage, UserMessage
+from queryloop.runtime.loop.persistence import Sidechain, SidechainLog
+from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError
+
+if TYPE_CHECKING:
+    from queryloop.actors.query_loop.run import Run
+    from queryloop.actors.query_loop.turn import QueryLoopTurns
+    from queryloop.runtime.kernel._future import TrioFuture
+    from queryloop.runtime.kernel.actor import TrioActor
+    from queryloop.runtime.loop.options import QueryOptions
+
+
+class AgentSlots:
+    """The host-wide count of live subagents and its cap (`Runtime.open(max_live_agents=...)`)."""
+
+    __slots__ = ("limit", "live", "peak")
+
+    def __init__(self, limit: int | None = DEFAULT_MAX_LIVE_AGENTS) -> None:
+        self.limit = limit
+        self.live = 0
+        self.peak = 0
+        """The most subagents that were live at once."""
+
+    def try_acquire(self) -> bool:
+        if self.limit is not None and self.live >= self.limit:
+            return False
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+        return True
+
+    def release(self) -> None:
+        self.live -= 1
+
+
+@dataclasses.dataclass(slots=True)
+class AgentsHost:
+    """What the subagents of every session of a runtime share: the host-wide cap and model-call limiter."""
+
+    slots: AgentSlots = dataclasses.field(default_factory=AgentSlots)
+    model_calls: trio.CapacityLimiter | None = None
+
+
+def child_options(parent: QueryOptions, definition: AgentDefinition) -> QueryOptions:
+    """The child's options: the agent's prompt, tools, model and turns; no cap of its own (the parent
+    accounts its spend), no stop hooks, attachments or memory; the parent's `agents`, for deeper levels."""
+    names = None if definition.tools is None else set(definition.tools)
+    model = definition.model or parent.model
+    return parent.model_copy(
+        update={
+            "system_prompt": definition.prompt,
+            "append_system_prompt": None,
+            "tools": list(parent.tools) if names is None else [t for t in parent.tools if t.name in names],
+            "model": model,
+            "fallback_model": parent.fallback_model if model == parent.model else None,
+            "pricing": parent.pricing if model == parent.model else None,
+            "max_turns": definition.max_turns,
+            "max_budget_usd": None,
+            "provider": definition.provider or parent.provider,
+            "stop_hooks": [],
+            "attachment_sources": [],
+            "memory_prefetch": None,
+            "user_context": {},
+        }
+    )
+
+
+class Subagents:
+    """One QueryLoop's subagent calls: its queries' agent tool, and the child loop each call runs."""
+
+    def __init__(self, parent: QueryLoopTurns, loop_class: type[TrioActor], host: AgentsHost, depth: int) -> None:
+        self._parent = parent
+        self._loop_class = loop_class
+        """The QueryLoop class (given, not imported: the loop imports this module)."""
+        self._host = host
+        self.depth = depth
+        """0 for a session's own loop, 1 for its subagents, ..."""
+        self._tool: Tool | None = None
+        self._tool_for: QueryOptions | None = None
+        self._limiter: trio.CapacityLimiter | None = None
+
+    def tool_for(self, options: QueryOptions) -> Tool | None:
+        """The agent tool for a query with these options; None past the depth cap."""
+        if not options.agents or self.depth >= options.max_agent_depth:
+            return None
+        if self._tool_for is not options:  # made once per options (a tool's schema costs ~300 µs)
+            self._tool = Tool(
+                name=AGENT_TOOL_NAME,
+                call=self._call,
+                description=agent_tool_description(options.agents),
+                input_model=AgentInput,
+                concurrency_safe=True,
+            )
+            self._tool_for = options
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(options.max_concurrent_agents)
+        else:
+            self._limiter.total_tokens = options.max_concurrent_agents
+        return self._tool
+
+    async def _call(self, args: AgentInput, ctx: ToolContext) -> str:
+        run = self._parent._run  # noqa: SLF001 - the tool runs inside this loop's query
+        if run is None:
+            raise ToolError("the query that started this agent has ended")
+        options = run.options
+        definition = options.agents.get(args.subagent_type)
+        if definition is None:
+            known = ", ".join(options.agents)
+            raise ToolError(f"Agent type '{args.subagent_type}' not found. Available agents: {known}")
+        assert self._limiter is not None
+        async with self._limiter:
+            slots = self._host.slots
+            if not slots.try_acquire():
+                msg = f"too many subagents are running on this host (max_live_agents={slots.limit}); try again later"
+                raise ToolError(msg)
+            try:
+                return await self._run_child(run, definition, args, ctx.tool_use_id)
+            finally:
+                slots.release()
+
+    async def _run_child(self, run: Run, definition: AgentDefinition, args: AgentInput, tool_use_id: str) -> str:
+        parent = self._parent
+        options = child_options(run.options, definition)
+        group = cast("Supervisor", parent.supervisor)
+        agent_id = f"{group.session_id}/{tool_use_id}"
+        child = group.child(agent_id)
+        usage_by_agent = run.agent_usage
+        if usage_by_agent is None:
+            usage_by_agent = run.agent_usage = {}
+        usage_by_agent[agent_id] = AgentUsage(
+            agent_type=args.subagent_type, parent_tool_use_id=tool_use_id, usage=Usage(), total_cost_usd=0.0
+        )
+
+        def above(usage: Usage, cost: float) -> bool:
+            spent = usage_by_agent[agent_id]
+            usage_by_agent[agent_id] = dataclasses.replace(
+                spent, usage=spent.usage + usage, total_cost_usd=spent.total_cost_usd + cost
+            )
+            return self._charge(run, usage, cost)
+
+        log = parent.transcript
+        sidechain = (
+            SidechainLog(log, agent_id=agent_id, agent_type=args.subagent_type, parent_tool_use_id=tool_use_id)
+            if log is not None
+            else None
+        )
+        events: EventChannel[Any] = EventChannel(options.event_buffer)
+        control = QueryControl()
+
+        def crashed(_: object) -> None:
+            events.close()  # the relay ends; the call answers with the failure
+            control.ended.set()  # nothing of the child's query is left to wait for: its group is closing
+
+        child.add_crash_listener(crashed)
+        turn = run.turn
+        channel = turn.channel if turn is not None else None  # the parent turn this call belongs to
+        try:
+            provider = options.provider
+            executor = child.spawn(StreamingToolExecutor)
+            caller = child.spawn(ModelCaller, provider, executor=executor, limiter=self._host.model_calls)
+            loop = child.spawn(
+                self._loop_class,
+                model_caller=caller,
+                executor=executor,
+                compact_provider=options.compact_provider or provider,
+                summary_provider=options.summary_provider or provider,
+                session_dir=options.session_dir,
+                ledger=BudgetLedger(agent_id=agent_id, above=above),
+                transcript=sidechain,
+                agents_host=self._host,
+                depth=self.depth + 1,
+            )
+            loop.tell(RunQuery(prompt=UserMessage(content=args.prompt), options=options, sink=events, control=control))
+            result = await _relay(events, channel, tool_use_id)
+            if child.failure is not None:
+                raise ToolError(f"the {args.subagent_type} agent crashed: {child.failure}")
+            conversation = await loop.ask(GetConversation(), block=False)
+            parent.sidechains[agent_id] = Sidechain(agent_id, args.subagent_type, tool_use_id, conversation)
+        finally:
+            with trio.CancelScope(shield=True):
+                if not control.finished:  # cut short (an abort, a budget stop, a discarded response)
+                    control.request_abort("user")
+                    await child.abort("user")
+                    await control.ended.wait()
+                await child.close()
+                events.close_receiver()
+                if sidechain is not None:
+                    sidechain.write()
+        if result is None:
+            raise ToolError(f"the {args.subagent_type} agent ended without a result")
+        if result.is_error or result.subtype != "success":
+            why = "; ".join(result.errors) or result.result or result.subtype
+            raise ToolError(f"the {args.subagent_type} agent stopped ({result.subtype}): {why}")
+        return result.result or f"(the {args.subagent_type} agent returned no text)"
+
+    def _charge(self, run: Run, usage: Usage, cost: float) -> bool:
+        """A child's priced call, counted as the parent query's; True when the parent's cap is reached."""
+        parent = self._parent
+        ledger = parent.ledger
+        if ledger is not None:
+            ledger.add(usage, cost)  # a parent that is itself a subagent reports it further up
+            exceeded = ledger.query_cap_reached()
+        else:  # a host budget: the parent's BudgetGuard counts it and reports it to the host's
+            spend = RecordSpend(usage=usage, cost_usd=cost)
+            asked = cast("TrioFuture[BudgetStatus]", parent.budget_guard.ask(spend, block=False))
+
+            def answered(future: TrioFuture[BudgetStatus]) -> None:
+                try:
+                    status = future.get_nowait()
+                except Exception:  # noqa: BLE001 - the guard is gone: the session is closing
+                    return
+                if status.exceeded:
+                    run.budget_exceeded = True
+
+            asked.add_done_callback(answered)
+            exceeded = run.budget_exceeded
+        if exceeded:
+            run.budget_exceeded = True  # the parent stops at its next emission
+        return exceeded
+
+
+async def _relay(
+    events: EventChannel[Any], channel: EventChannel[Any] | None, tool_use_id: str
+) -> ResultMessage | None:
+    """The child's events to the parent's turn channel, tagged, until its stream ends; its `result`."""
+    result: ResultMessage | None = None
+    while True:
+        if not events.items and not await events.wait():
+            return result
+        item = events.take()
+        if type(item) is ResultMessage:
+            result = item
+            continue
+        if not hasattr(item, "parent_tool_use_id"):
+            continue  # the loop's own bookkeeping (`Settled`)
+        if item.parent_tool_use_id is None:  # a grandchild's keeps its own parent's id
+            item = dataclasses.replace(item, parent_tool_use_id=tool_use_id)
+        if channel is not None:
+            await channel.send(Forwarded(event=item))
