@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import trio
 from pydantic import ValidationError
@@ -45,6 +45,13 @@ from queryloop.runtime.loop.tools import Allow, CanUseTool, Tool, ToolContext, T
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
 
+class QueryAbortFlag(Protocol):
+    """What the executor reads of its query's control: whether an abort has reached the query."""
+
+    @property
+    def abort_reason(self) -> str | None: ...
+
+
 @record
 class BeginTurn(CarrierMessage):
     """One model call's tool setting: results go to `sink`. It travels with each `AddTool`: a call
@@ -54,6 +61,8 @@ class BeginTurn(CarrierMessage):
     tools: dict[str, Tool]
     can_use_tool: CanUseTool | None = None
     post_tool_use_hooks: list[PostToolUseHook] = field(default_factory=list)
+    control: QueryAbortFlag | None = None
+    """The query's control: once an abort has reached the query, none of its tools starts any more."""
 
 
 @record
@@ -132,6 +141,12 @@ class StreamingToolExecutor(TrioActor):
         return not running or (safe and all(e.safe for e in running))
 
     def _process_queue(self) -> None:
+        control = self._turn.control if self._turn is not None else None
+        if control is not None and control.abort_reason is not None:
+            # The query is being aborted. A block that completed while the abort unwound this actor's work
+            # (its `AddTool` waited behind the abort) must not start a tool once the abort is acked: the
+            # query's end answers it with a synthetic result, and nothing of the query may run after it.
+            return
         for entry in self._entries:
             if entry.status != "queued":
                 continue

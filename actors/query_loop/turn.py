@@ -168,6 +168,7 @@ class QueryLoopTurns(TrioActor):
             tools=run.tools,
             can_use_tool=options.can_use_tool,
             post_tool_use_hooks=options.post_tool_use_hooks,
+            control=run.control,
         )
         call = StartCall(
             request=self._request(run, state, messages_for_query),
