@@ -15,12 +15,12 @@ number is a `QueryOptions` field:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from queryloop.runtime.loop.events import AssistantMessage, Block, SystemMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.json_text import dumps
 from queryloop.runtime.loop.token_budget import math_round
 
 CLEARED_TOOL_RESULT = "[Old tool result content cleared]"
@@ -105,8 +105,8 @@ def _block_chars(block: Block) -> int:
         content = block.get("content", "")
         return len(content) if isinstance(content, str) else sum(_block_chars(b) for b in content)
     if kind == "tool_use":
-        return len(json.dumps(block.get("input", {}))) + len(block.get("name", ""))
-    return len(json.dumps(block))
+        return len(dumps(block.get("input", {}))) + len(block.get("name", ""))
+    return len(dumps(block))
 
 
 def token_count_with_estimation(messages: list[TranscriptMessage]) -> int:

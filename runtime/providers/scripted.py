@@ -20,6 +20,7 @@ from typing import Any, Literal
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
+from queryloop.runtime.loop.json_text import dumps
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelRequest
 
 TEXT_CHUNK = 48
@@ -129,7 +130,7 @@ def _add_block_events(events: list[dict[str, Any]], index: int, block: dict[str,
     elif kind in ("tool_use", "server_tool_use"):
         start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
         add({"type": "content_block_start", "index": index, "content_block": start})
-        raw = json.dumps(block.get("input", {}))
+        raw = dumps(block.get("input", {}))  # json.dumps's text, the wire's partial_json
         fragments = [""] + [raw[i : i + JSON_CHUNK] for i in range(0, len(raw), JSON_CHUNK)]
         if cut:  # a max_tokens cut: the JSON stops half-way and no content_block_stop follows
             fragments = fragments[: max(2, len(fragments) // 2)]
