@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "queryloop.actors": {"queryloop.runtime.kernel", "queryloop.runtime.loop"},
     "queryloop.runtime.host": {"queryloop.actors", "queryloop.runtime.providers"},
     "queryloop.runtime.cli": {"queryloop.runtime.host"},
+    "queryloop.runtime.ray": {"queryloop.runtime.host"},
 }
 
 
