@@ -10,8 +10,8 @@ first call of the default group (`info`, which `ShardedRuntime.start` makes).
   transcript is `transcript_dir/KEY.jsonl`; `resume` restores the session (and its id) from it.
 * `submit([Submission])`: each query is served by an asyncio task that reads its events in batches
   and hands them, filtered by its `events` mode, to the outbox of the driver's stream.
-* `events(stream)`: one Ray streaming generator per driver: each object carries what every query of
-  that driver produced within `batch_ms` of the first event waiting (one object for many queries).
+* `events(stream)`: one Ray streaming generator per driver: at most one object per `batch_ms`, carrying
+  what every query of that driver produced since the last one (at once when the stream was idle).
   When the driver lags `max_buffered` events behind, the queries' readers wait, and so do the loops.
 * `abort(key, qid, reason)`: the control lane (a concurrency group of its own, its own loop thread);
   it hops to the runtime's loop and becomes the session's supervisor abort; returns the acks' count.
@@ -123,7 +123,8 @@ class Shard:
             async with self._starting:
                 if self._runtime is None:
                     self._loop = asyncio.get_running_loop()
-                    self._runtime = await AsyncioRuntime.start(mode="guest")
+                    # A shard owns its worker process: the runtime's collector thresholds are its to set.
+                    self._runtime = await AsyncioRuntime.start(mode="guest", tune_gc=True)
                     self.log.info("shard {} runs its runtime (pid {})", self.index, os.getpid())
         return self._runtime
 
@@ -243,6 +244,8 @@ class Shard:
         outbox = self._outboxes.get(stream)
         if outbox is None:
             outbox = self._outboxes[stream] = _Outbox(self.max_buffered)
+        loop = asyncio.get_running_loop()
+        shipped = 0.0
         try:
             while True:
                 await outbox.ready.wait()
@@ -250,8 +253,10 @@ class Shard:
                     if outbox.entries:
                         yield encode(outbox.take())
                     return
-                if self.batch_s and outbox.room.is_set():
-                    await asyncio.sleep(self.batch_s)  # the window: what the next few ms produce ships along
+                wait = shipped + self.batch_s - loop.time()
+                if wait > 0 and outbox.room.is_set():
+                    await asyncio.sleep(wait)  # at most one object a window: what comes meanwhile ships along
+                shipped = loop.time()
                 yield encode(outbox.take())
         finally:
             if self._outboxes.get(stream) is outbox:

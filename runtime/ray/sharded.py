@@ -163,6 +163,11 @@ class ShardedRuntime:
             for s in self._shards
         ]
 
+    async def shard_info(self) -> list[dict[str, Any]]:
+        """Each live shard's own report (`pid`, `sessions`, `cpu_s`: its process's CPU time so far, ...)."""
+        live = [s for s in self._shards if s.alive]
+        return list(await asyncio.gather(*(self._unwrap(s, None, s.actor.info.remote()) for s in live)))
+
     @property
     def sessions(self) -> Mapping[str, RemoteSession]:
         return self._sessions
