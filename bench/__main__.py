@@ -1,4 +1,4 @@
-"""`python -m bench kernel | loops | abort | scale | stream | agents`: ratios to an in-run baseline, JSON last.
+"""`python -m bench kernel | loops | abort | scale | stream | agents | ray`: ratios to an in-run baseline, JSON last.
 
 Each takes `--profile FILE`: a cProfile of its runtime side, for `python -m pstats FILE` or `snakeviz FILE`.
 """
@@ -9,13 +9,21 @@ import argparse
 import json
 import sys
 
-from bench import abort, agents, kernel, loops, scale, stream
+from bench import abort, agents, kernel, loops, ray_shards, scale, stream
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    modules = {"kernel": kernel, "loops": loops, "abort": abort, "scale": scale, "stream": stream, "agents": agents}
+    modules = {
+        "kernel": kernel,
+        "loops": loops,
+        "abort": abort,
+        "scale": scale,
+        "stream": stream,
+        "agents": agents,
+        "ray": ray_shards,
+    }
     for name, module in modules.items():
         doc = module.__doc__ or ""
         module.add_arguments(

@@ -72,3 +72,26 @@ class McpServerUnavailable(QueryloopError):
     Nothing of it was kept: fix the command or the URL and open it again. Once open, a server that
     fails is never raised: its calls become error results and it is restarted on next use.
     """
+
+
+class ShardLost(QueryloopError):
+    """The Ray shard that hosted this session died (or was restarted by Ray, empty): its open queries
+    ended without a result. `await rt.resume(key, spec)` restores the session from its transcript on a
+    live shard."""
+
+    def __init__(self, message: str, shard: int | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.key = key
+
+    def __reduce__(self) -> tuple[type[ShardLost], tuple[str, int | None, str | None]]:
+        return (type(self), (str(self), self.shard, self.key))
+
+
+class FactoryError(QueryloopError):
+    """A shard could not build a session's `QueryOptions` from its spec: the factory is not importable,
+    raised, or returned something else (the message names the factory, the shard and the cause)."""
+
+
+class RemoteError(QueryloopError):
+    """An error raised on a shard that could not be rebuilt on the driver (its type and message kept)."""

@@ -15,7 +15,7 @@ VALUES: list[Any] = [
     [],
     {"x": 0},
     {"path": "a.txt", "nested": {"list": [1, 2.5, None, True, False]}},
-    {"unicode": "é ☃ \n \t \" \\", "key with spaces": -1e300},
+    {"unicode": 'é ☃ \n \t " \\', "key with spaces": -1e300},
     [{"k": "v"}, [[]], {"": None}],
     {1: "int keys become strings"},
     {"nan": math.nan, "inf": math.inf, "-inf": -math.inf},

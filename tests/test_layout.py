@@ -23,6 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "queryloop.runtime.mcp": {"queryloop.runtime.loop"},
     "queryloop.runtime.host": {"queryloop.actors", "queryloop.runtime.providers", "queryloop.runtime.mcp"},
     "queryloop.runtime.cli": {"queryloop.runtime.host"},
+    "queryloop.runtime.ray": {"queryloop.runtime.host"},
 }
 
 

@@ -13,7 +13,8 @@ NOTEBOOK = Path(__file__).parent.parent / "examples" / "notebook.ipynb"
 
 
 def test_the_notebook_opens_a_runtime_queries_aborts_and_closes_it_across_cells() -> None:
-    notebook: Any = nbformat.read(NOTEBOOK, as_version=4)  # type: ignore[no-untyped-call]
+    read: Any = nbformat.read  # typed or not depending on what else is installed (Ray's dependencies)
+    notebook = read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(notebook, timeout=60, kernel_name="python3").execute()
     outputs = [
         "".join(output.get("text", "") for output in cell.get("outputs", []))

@@ -49,6 +49,10 @@ async def serving() -> AsyncIterator[tuple[httpx.AsyncClient, Service]]:
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
     task = asyncio.create_task(server.serve(sockets=[sock]))
+    for _ in range(2000):  # uvicorn has no event for it: the lifespan's startup (the runtime) before the tests look
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.005)
     limits = httpx.Limits(max_connections=2 * STREAMS + 10)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=30) as client:

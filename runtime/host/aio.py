@@ -406,6 +406,26 @@ class AsyncioQuery:
             pipe.result, pipe.terminal, pipe.transitions = event, handle.terminal, handle.transitions
         return event
 
+    async def next_batch(self) -> list[QueryEvent]:
+        """Every event buffered now, waiting only if none is; [] once the stream has ended (as
+        `QueryHandle.next_batch`: for a consumer that moves events on in batches, a Ray shard)."""
+        try:
+            first = await self.__anext__()
+        except StopAsyncIteration:
+            return []
+        pipe = self._pipe
+        batch = [first, *pipe.buffer]
+        pipe.buffer.clear()
+        pipe.consumed += len(batch) - 1
+        last = batch[-1]
+        if len(batch) > 1 and type(last) is ResultMessage:
+            handle = pipe.handle
+            assert handle is not None
+            pipe.result, pipe.terminal, pipe.transitions = last, handle.terminal, handle.transitions
+        if pipe.parked is not None:
+            pipe.bridge.send(pipe.unpark)  # the pump waits for this consumer: it may go on
+        return batch
+
     async def result(self) -> ResultMessage:
         """Consume the remaining events and return the `ResultMessage`."""
         async for _ in self:

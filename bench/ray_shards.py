@@ -1,0 +1,206 @@
+"""`bench ray`: workload W on sessions sharded over Ray actors (`queryloop.ray.ShardedRuntime`), one driver.
+
+A local Ray cluster bound to loopback (`num_cpus` = the largest shard count). For each shard count:
+C sessions per shard each run `--queries` W queries in a row, once with `events="result"` and once
+with `events="all"`; reported per mode: loops/s, CPU per loop of the driver and of the shards
+(their processes' CPU time), and `ship_us_per_event` = (all-mode CPU per loop, both sides − results
+mode's) / events per loop. At the largest count, under the results-mode load: `--aborts` aborts of a
+blocked query through Ray (driver `abort()` to its `result` back: `abort_p50_ms`, `abort_p99_ms`);
+then a kill round: a shard SIGKILLed while its sessions' queries run; every `ShardLost` session is
+resumed on a survivor and must complete a query (`lost_after_kill`: those that could not).
+`scaling_2_over_1`: results-mode loops/s on two shards over one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from bench import workload
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.tools import Tool, ToolContext, ToolOutput
+from queryloop.runtime.providers.scripted import ScriptedModel
+
+if TYPE_CHECKING:
+    import argparse
+
+    from queryloop.ray import ShardedRuntime
+
+FACTORY = "bench.ray_shards:options"
+
+
+async def _block(args: Any, ctx: ToolContext) -> ToolOutput:
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def options(spec: Mapping[str, Any]) -> QueryOptions:
+    """The shards' factory: W (repeated), or a query whose tool blocks until aborted (`{"block": true}`)."""
+    if spec.get("block"):
+        reply = {"content": [{"type": "tool_use", "id": "t1", "name": "block", "input": {}}], "stop_reason": "tool_use"}
+        model = ScriptedModel([reply], repeat=True)
+        return QueryOptions(provider=model, tools=[Tool(name="block", call=_block, runs_on="trio")])
+    model = ScriptedModel(workload.script(spec.get("model_ms", 0.0)), name="bench", repeat=True)
+    return QueryOptions(provider=model, tools=workload.tools(spec.get("tool_ms", 0.0)))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shards", default="1,2", help="shard counts to compare")
+    parser.add_argument("--concurrency", type=int, default=50, help="sessions per shard (C)")
+    parser.add_argument("--queries", type=int, default=10, help="W queries each session runs in a row")
+    parser.add_argument("--model-ms", type=float, default=0.0)
+    parser.add_argument("--tool-ms", type=float, default=0.0)
+    parser.add_argument("--batch-ms", type=float, default=5.0, help="the shards' shipping window")
+    parser.add_argument("--aborts", type=int, default=100, help="abort samples under load")
+    parser.add_argument(
+        "--transcript-dir",
+        default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+        help="where the transcripts go (a temporary directory inside it)",
+    )
+    parser.add_argument("--kill-sessions", type=int, default=20, help="sessions per shard in the kill round")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    # Read when Ray is imported: the node takes the loopback address and every Ray server binds to it.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    counts = [int(n) for n in args.shards.split(",")]
+    ray.init(num_cpus=max(counts), include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        return asyncio.run(_measure(args, counts))
+    finally:
+        ray.shutdown()
+
+
+async def _cpu(rt: ShardedRuntime) -> tuple[float, float]:
+    return time.process_time(), sum(info["cpu_s"] for info in await rt.shard_info())
+
+
+async def _load(rt: ShardedRuntime, args: argparse.Namespace, sessions: list[Any], events: str) -> dict[str, Any]:
+    async def one(session: Any) -> int:
+        count = 0
+        for _ in range(args.queries):
+            query = session.query(workload.PROMPT, events=events)
+            count += sum([1 async for _ in query])
+        return count
+
+    driver0, shards0 = await _cpu(rt)
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one(s) for s in sessions))
+    elapsed = time.perf_counter() - start
+    driver1, shards1 = await _cpu(rt)
+    loops = len(sessions) * args.queries
+    return {
+        "loops_per_s": loops / elapsed,
+        "driver_cpu_us_per_loop": (driver1 - driver0) / loops * 1e6,
+        "shard_cpu_us_per_loop": (shards1 - shards0) / loops * 1e6,
+        "events_per_loop": sum(counts) / loops,
+    }
+
+
+async def _aborts(rt: ShardedRuntime, samples: int) -> list[float]:
+    session = await rt.open_session({"block": True})
+    times = []
+    for _ in range(samples):
+        query = session.query("block", events="messages")
+        async for event in query:
+            if event.label == "assistant":
+                break
+        start = time.perf_counter()
+        query.abort()
+        await query.result()
+        times.append((time.perf_counter() - start) * 1000)
+    await session.close()
+    return times
+
+
+async def _kill_round(rt: ShardedRuntime, args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
+    from queryloop.ray import ShardLost
+
+    sessions = [await rt.open_session(spec) for _ in range(args.kill_sessions * len(rt.shards))]
+    stop = asyncio.Event()
+    victim = rt.shards[0]
+    on_victim = [s.shard == victim["index"] for s in sessions]
+    tasks = [asyncio.ensure_future(_outcome(s, stop)) for s in sessions]
+    await asyncio.sleep(0.05)  # the load under way when the shard dies (a measurement, not a wait for a state)
+    killed = time.perf_counter()
+    os.kill(victim["pid"], signal.SIGKILL)
+    await asyncio.gather(*(t for t, hit in zip(tasks, on_victim, strict=True) if hit))
+    stop.set()
+    outcomes = await asyncio.gather(*tasks)
+    detected = [t - killed for t in outcomes if t is not None]
+    lost_keys = [s.key for s, o in zip(sessions, outcomes, strict=True) if o is not None]
+    resume_ms, failed = [], sum(on_victim) - len(lost_keys)
+    for key in lost_keys:
+        start = time.perf_counter()
+        try:
+            resumed = await rt.resume(key, spec)
+            resume_ms.append((time.perf_counter() - start) * 1000)
+            await resumed.query(workload.PROMPT, events="result").result()
+        except (ShardLost, Exception):  # noqa: BLE001 - counted, not raised
+            failed += 1
+    return {
+        "kill_sessions_lost": len(lost_keys),
+        "kill_detect_ms_max": round(max(detected) * 1000, 1) if detected else None,
+        "resume_ms_p50": round(statistics.median(resume_ms), 1) if resume_ms else None,
+        "lost_after_kill": failed,
+    }
+
+
+async def _outcome(session: Any, stop: asyncio.Event) -> float | None:
+    """Queries until the shard dies (the moment its `ShardLost` arrived) or until told to stop (None)."""
+    from queryloop.ray import ShardLost
+
+    try:
+        while not stop.is_set():
+            await session.query(workload.PROMPT, events="result").result()
+    except ShardLost:
+        return time.perf_counter()
+    return None
+
+
+async def _measure(args: argparse.Namespace, counts: list[int]) -> dict[str, Any]:
+    from queryloop.ray import ShardedRuntime
+
+    spec = {"model_ms": args.model_ms, "tool_ms": args.tool_ms}
+    figures: dict[str, Any] = {"concurrency_per_shard": args.concurrency, "queries_per_session": args.queries}
+    with tempfile.TemporaryDirectory(prefix="bench-ray-", dir=args.transcript_dir) as directory:
+        for n in counts:
+            async with ShardedRuntime.open(
+                shards=n, factory=FACTORY, transcript_dir=f"{directory}/{n}", batch_ms=args.batch_ms
+            ) as rt:
+                sessions = [await rt.open_session(spec) for _ in range(args.concurrency * n)]
+                await _load(rt, args, sessions[: 2 * n], "result")  # warm-up
+                for events in ("result", "all"):
+                    level = await _load(rt, args, sessions, events)
+                    print(f"shards={n} events={events}: {level}")
+                    for name, value in level.items():
+                        figures[f"{name}_{events}_{n}"] = round(value, 2)
+                if n == max(counts):
+                    load = asyncio.ensure_future(_load(rt, args, sessions, "result"))
+                    times = sorted(await _aborts(rt, args.aborts))
+                    await load
+                    figures["abort_p50_ms"] = round(statistics.median(times), 2)
+                    figures["abort_p99_ms"] = round(times[min(len(times) - 1, int(len(times) * 0.99))], 2)
+                    if n >= 2:
+                        figures.update(await _kill_round(rt, args, spec))
+    for n in counts:
+        cpu = {
+            e: figures[f"driver_cpu_us_per_loop_{e}_{n}"] + figures[f"shard_cpu_us_per_loop_{e}_{n}"]
+            for e in ("result", "all")
+        }
+        events = figures[f"events_per_loop_all_{n}"]
+        figures[f"ship_us_per_event_{n}"] = round((cpu["all"] - cpu["result"]) / events, 2)
+    figures["ship_us_per_event"] = figures[f"ship_us_per_event_{max(counts)}"]
+    if 1 in counts and 2 in counts:
+        figures["scaling_2_over_1"] = round(figures["loops_per_s_result_2"] / figures["loops_per_s_result_1"], 2)
+    return figures

@@ -1,0 +1,27 @@
+"""queryloop beyond one process: sessions sharded over Ray actors (`pip install 'queryloop[ray]'`).
+
+    from queryloop.ray import ShardedRuntime, ShardLost
+
+    async with ShardedRuntime.open(shards=4, factory="myapp.agents:options", transcript_dir="/shared/t") as rt:
+        session = await rt.open_session({"task": "fix-1234"})
+        async with session.query("Fix the bug", events="result") as query:
+            result = await query.result()
+
+See `queryloop.runtime.ray` and docs/ray.md.
+"""
+
+from queryloop.runtime.errors import FactoryError, RemoteError, RuntimeClosed, ShardLost
+from queryloop.runtime.ray.query import RemoteQuery, RemoteSession
+from queryloop.runtime.ray.sharded import ShardedRuntime
+from queryloop.runtime.ray.wire import EventsMode
+
+__all__ = [
+    "EventsMode",
+    "FactoryError",
+    "RemoteError",
+    "RemoteQuery",
+    "RemoteSession",
+    "RuntimeClosed",
+    "ShardLost",
+    "ShardedRuntime",
+]

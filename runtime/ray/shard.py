@@ -1,0 +1,298 @@
+"""`Shard`: the body of a Ray async actor hosting one queryloop runtime, made remote by `ShardedRuntime`.
+
+The runtime is an `AsyncioRuntime` in guest mode on the actor's asyncio loop (Ray runs an async actor's
+default concurrency group on one event loop thread): trio's scheduler runs as callbacks of that loop,
+and every entry into the runtime goes through the facade's bridge (its trio token). It starts on the
+first call of the default group (`info`, which `ShardedRuntime.start` makes).
+
+* `open_session(key, spec, resume)`: the factory (`"module:function"`, imported here) builds the
+  `QueryOptions` from the JSON-able spec: providers, tools and hooks never cross a process. The
+  transcript is `transcript_dir/KEY.jsonl`; `resume` restores the session (and its id) from it.
+* `submit([Submission])`: each query is served by an asyncio task that reads its events in batches
+  and hands them, filtered by its `events` mode, to the outbox of the driver's stream.
+* `events(stream)`: one Ray streaming generator per driver: at most one object per `batch_ms`, carrying
+  what every query of that driver produced since the last one (at once when the stream was idle).
+  When the driver lags `max_buffered` events behind, the queries' readers wait, and so do the loops.
+* `abort(key, qid, reason)`: the control lane (a concurrency group of its own, its own loop thread);
+  it hops to the runtime's loop and becomes the session's supervisor abort; returns the acks' count.
+  An abort that overtakes its query's submission is kept and applied when the query starts.
+
+A shard Ray restarted comes back empty: `info()["restarted"]` says so, and every call naming a
+session it does not hold raises `SessionNotHere` (the driver's `ShardLost`).
+Imports `queryloop.runtime.host.aio` and `queryloop.runtime.ray.wire`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import secrets
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ray
+from loguru import logger
+
+from queryloop.runtime.errors import FactoryError
+from queryloop.runtime.host.aio import AsyncioRuntime
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.ray.wire import CONTROL, DELTAS, Ending, Entry, SessionNotHere, encode, method, portable
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Mapping
+
+    from queryloop.runtime.host.aio import AsyncioQuery, AsyncioSession
+    from queryloop.runtime.kernel.messages import AbortReason
+    from queryloop.runtime.loop.events import TranscriptMessage
+    from queryloop.runtime.ray.wire import Submission
+
+
+class _Hosted:
+    __slots__ = ("running", "session", "started")
+
+    def __init__(self, session: AsyncioSession) -> None:
+        self.session = session
+        self.running: tuple[int, AsyncioQuery] | None = None
+        self.started = 0
+        """The id of the last query started in this session."""
+
+
+class _Outbox:
+    """What one driver's stream has not shipped yet."""
+
+    def __init__(self, max_buffered: int) -> None:
+        self.entries: list[Entry] = []
+        self.events = 0
+        self.max_buffered = max_buffered
+        self.ready = asyncio.Event()
+        self.room = asyncio.Event()
+        self.room.set()
+        self.closed = False
+
+    def put(self, entry: Entry) -> None:
+        self.entries.append(entry)
+        self.events += len(entry[1])
+        if self.events >= self.max_buffered:
+            self.room.clear()
+        self.ready.set()
+
+    def take(self) -> list[Entry]:
+        entries, self.entries, self.events = self.entries, [], 0
+        self.ready.clear()
+        self.room.set()
+        return entries
+
+    def close(self) -> None:
+        self.closed = True
+        self.ready.set()
+        self.room.set()
+
+
+class Shard:
+    """One shard: a queryloop runtime in a Ray actor. Its methods are called through Ray only."""
+
+    def __init__(self, index: int, factory: str, transcript_dir: str, batch_ms: float, max_buffered: int) -> None:
+        self.index = index
+        self.factory_name = factory
+        self.transcript_dir = Path(transcript_dir)
+        self.batch_s = batch_ms / 1000
+        self.max_buffered = max_buffered
+        self.incarnation = secrets.token_hex(4)
+        with warnings.catch_warnings():  # Ray 2.60 warns about its own deprecated call inside it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        self.log = logger.bind(shard=index, incarnation=self.incarnation)
+        if self.restarted:
+            self.log.warning("shard {} was restarted by Ray: it holds no sessions (resume them)", index)
+        self._runtime: AsyncioRuntime | None = None
+        self._starting: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._factory: Callable[[Mapping[str, Any]], Any] | None = None
+        self._sessions: dict[str, _Hosted] = {}
+        self._outboxes: dict[str, _Outbox] = {}
+        self._early_aborts: dict[int, AbortReason] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _rt(self) -> AsyncioRuntime:
+        if self._runtime is None:
+            if self._starting is None:
+                self._starting = asyncio.Lock()
+            async with self._starting:
+                if self._runtime is None:
+                    self._loop = asyncio.get_running_loop()
+                    # A shard owns its worker process: the runtime's collector thresholds are its to set.
+                    self._runtime = await AsyncioRuntime.start(mode="guest", tune_gc=True)
+                    self.log.info("shard {} runs its runtime (pid {})", self.index, os.getpid())
+        return self._runtime
+
+    async def info(self) -> dict[str, Any]:
+        """Who this shard is (`restarted`: Ray restarted it, empty), its load and its process's CPU time."""
+        await self._rt()
+        return {
+            "index": self.index,
+            "incarnation": self.incarnation,
+            "restarted": self.restarted,
+            "pid": os.getpid(),
+            "sessions": len(self._sessions),
+            "cpu_s": time.process_time(),
+        }
+
+    def _options(self, spec: Mapping[str, Any]) -> QueryOptions:
+        where = f"factory {self.factory_name!r} on shard {self.index}"
+        if self._factory is None:
+            module, _, name = self.factory_name.partition(":")
+            try:
+                self._factory = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError, ValueError) as error:
+                msg = f"{where} cannot be imported: {error!r} (give it as 'module:function')"
+                raise FactoryError(msg) from None
+        try:
+            options = self._factory(spec)
+        except Exception as error:  # noqa: BLE001 - whatever the factory raised, named in the error
+            msg = f"{where} raised {error!r} for spec {dict(spec)!r}"
+            raise FactoryError(msg) from None
+        if not isinstance(options, QueryOptions):
+            msg = f"{where} returned a {type(options).__name__}, not QueryOptions"
+            raise FactoryError(msg)
+        return options
+
+    async def open_session(self, key: str, spec: Mapping[str, Any], resume: bool) -> str:
+        """Open (or, `resume`, restore from its transcript) the session `key`; returns its session id."""
+        runtime = await self._rt()
+        if key in self._sessions:
+            msg = f"session {key!r} is already open on shard {self.index}"
+            raise ValueError(msg)
+        options = self._options(spec)
+        path = self.transcript_dir / f"{key}.jsonl"
+        exists = await asyncio.to_thread(lambda: path.exists() and path.stat().st_size > 0)
+        if resume:
+            if not exists:
+                msg = f"no transcript {path.name} in the transcript directory to resume session {key!r} from"
+                raise FileNotFoundError(msg)
+            session = await runtime.open_session(options, resume=path)
+        else:
+            if exists:
+                msg = f"session {key!r} has a transcript already: resume it, or open it under another key"
+                raise FileExistsError(msg)
+            session = await runtime.open_session(options, transcript=path)
+        self._sessions[key] = _Hosted(session)
+        self.log.bind(session=session.id).debug("{} session {}", "resumed" if resume else "opened", key)
+        return session.id
+
+    def _hosted(self, key: str) -> _Hosted:
+        hosted = self._sessions.get(key)
+        if hosted is None:
+            again = " (it was restarted by Ray, empty)" if self.restarted else ""
+            msg = f"shard {self.index}{again} holds no session {key!r}: resume it from its transcript"
+            raise SessionNotHere(msg)
+        return hosted
+
+    async def close_session(self, key: str) -> None:
+        hosted = self._sessions.pop(key, None)
+        if hosted is not None:
+            await hosted.session.close()
+
+    async def transcript(self, key: str) -> list[TranscriptMessage]:
+        return await self._hosted(key).session.transcript()
+
+    async def submit(self, submissions: list[Submission]) -> None:
+        """Start the queries (in order); their events and ends go to their drivers' streams."""
+        for submission in submissions:
+            task = asyncio.get_running_loop().create_task(self._serve(submission))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, sub: Submission) -> None:
+        outbox = self._outboxes.get(sub.stream)
+        if outbox is None:
+            outbox = self._outboxes[sub.stream] = _Outbox(self.max_buffered)
+        try:
+            hosted = self._hosted(sub.key)
+            query = hosted.session.query(sub.prompt, **sub.overrides)
+        except Exception as error:  # noqa: BLE001 - the driver's consumer raises it
+            outbox.put((sub.qid, [], None, portable(error)))
+            return
+        hosted.running, hosted.started = (sub.qid, query), sub.qid
+        early = self._early_aborts.pop(sub.qid, None)
+        if early is not None:
+            query.abort(early)
+        try:
+            async with query:
+                if sub.events == "result":
+                    outbox.put((sub.qid, [await query.result()], None, None))
+                else:
+                    while batch := await query.next_batch():
+                        if sub.events == "messages":
+                            batch = [event for event in batch if not isinstance(event, DELTAS)]
+                        if batch:
+                            outbox.put((sub.qid, batch, None, None))
+                        if not outbox.room.is_set():
+                            await outbox.room.wait()  # the driver lags: this query waits, so does its loop
+            outbox.put((sub.qid, [], Ending(query.terminal, query.transitions), None))
+        except Exception as error:  # noqa: BLE001 - the driver's consumer raises it
+            outbox.put((sub.qid, [], None, portable(error)))
+        finally:
+            if hosted.running is not None and hosted.running[0] == sub.qid:
+                hosted.running = None
+
+    @method(num_returns="streaming")
+    async def events(self, stream: str) -> AsyncIterator[bytes]:
+        """The driver `stream`'s events: one object per `batch_ms` window, for every query it runs here."""
+        outbox = self._outboxes.get(stream)
+        if outbox is None:
+            outbox = self._outboxes[stream] = _Outbox(self.max_buffered)
+        loop = asyncio.get_running_loop()
+        shipped = 0.0
+        try:
+            while True:
+                await outbox.ready.wait()
+                if outbox.closed:
+                    if outbox.entries:
+                        yield encode(outbox.take())
+                    return
+                wait = shipped + self.batch_s - loop.time()
+                if wait > 0 and outbox.room.is_set():
+                    await asyncio.sleep(wait)  # at most one object a window: what comes meanwhile ships along
+                shipped = loop.time()
+                yield encode(outbox.take())
+        finally:
+            if self._outboxes.get(stream) is outbox:
+                del self._outboxes[stream]
+
+    @method(concurrency_group=CONTROL)
+    async def abort(self, key: str, qid: int | None, reason: AbortReason) -> int:
+        """Abort query `qid` of session `key` (None: whatever runs in it); the acks' count.
+
+        Runs on the control lane's loop: it hops to the runtime's loop, where the session lives."""
+        loop = self._loop
+        if loop is None:
+            return 0
+        future = asyncio.run_coroutine_threadsafe(self._abort(key, qid, reason), loop)
+        return await asyncio.wrap_future(future)
+
+    async def _abort(self, key: str, qid: int | None, reason: AbortReason) -> int:
+        hosted = self._sessions.get(key)
+        if hosted is None:
+            return 0
+        running = hosted.running
+        if qid is not None and (running is None or running[0] != qid):
+            if qid > hosted.started:
+                self._early_aborts[qid] = reason  # it overtook its submission: applied when it starts
+            return 0
+        acks = await hosted.session.abort(reason)
+        self.log.bind(session=hosted.session.id).debug("aborted ({}): {} acks", reason, len(acks))
+        return len(acks)
+
+    async def shutdown(self) -> None:
+        """Close every session (running queries end aborted, `shutdown`) and the runtime; end the streams."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.aclose()
+        self._sessions.clear()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))  # every query's end is in its outbox
+        for outbox in self._outboxes.values():
+            outbox.close()

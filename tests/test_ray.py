@@ -1,0 +1,236 @@
+"""`queryloop.ray.ShardedRuntime` on a local Ray cluster bound to loopback (one cluster for the module).
+
+Each test is a sync function running its own asyncio loop (as tests/test_aio.py); waits are bounded
+with `asyncio.timeout`. Skipped where Ray is not installed (`pip install 'queryloop[ray]'`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import os
+import shutil
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Read when Ray is imported: the node takes the loopback address, and every Ray server binds to it.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'queryloop[ray]'")
+
+from queryloop import AssistantMessage, ResultMessage, StreamEvent, UserMessage  # noqa: E402
+from queryloop.aio import AsyncioRuntime  # noqa: E402
+from queryloop.ray import FactoryError, RemoteQuery, RemoteSession, ShardedRuntime, ShardLost  # noqa: E402
+from queryloop.runtime.loop.transcript import transcript_problems  # noqa: E402
+from tests import ray_factory  # noqa: E402
+
+LIMIT_S = 60.0
+FACTORY = "tests.ray_factory:options"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def run(main: Callable[[], Awaitable[Any]]) -> Any:
+    async def bounded() -> Any:
+        async with asyncio.timeout(LIMIT_S):
+            return await main()
+
+    return asyncio.run(bounded())
+
+
+def sharded(tmp_path: Path, main: Callable[[ShardedRuntime], Awaitable[Any]], **options: Any) -> Any:
+    async def with_runtime() -> Any:
+        async with ShardedRuntime.open(shards=2, factory=FACTORY, transcript_dir=tmp_path, **options) as rt:
+            return await main(rt)
+
+    return run(with_runtime)
+
+
+async def until_tool_runs(query: RemoteQuery) -> None:
+    """Read the query's events until the model's tool call has been made (the tool then blocks)."""
+    async for event in query:
+        if isinstance(event, AssistantMessage) and any(b["type"] == "tool_use" for b in event.content):
+            return
+    raise AssertionError("the query ended before its tool call")
+
+
+async def until(condition: Callable[[], Awaitable[bool]]) -> None:
+    """Poll a shard's state (no event of ours tells when it changes); the test's timeout bounds it."""
+    for _ in itertools.count():
+        if await condition():
+            return
+        await asyncio.sleep(0.01)
+
+
+def test_sessions_are_placed_on_the_least_loaded_shard_and_stay_there(tmp_path: Path) -> None:
+    async def main(rt: ShardedRuntime) -> None:
+        sessions = [await rt.open_session({"replies": ["one", "two"]}) for _ in range(4)]
+        assert [s.shard for s in sessions] == [0, 1, 0, 1]
+        assert [s["sessions"] for s in rt.shards] == [2, 2]
+        assert len({s["pid"] for s in rt.shards}) == 2
+        for text in ("one", "two"):
+            results = await asyncio.gather(*(s.query("hi", events="result").result() for s in sessions))
+            assert [r.result for r in results] == [text] * 4
+        assert [s.shard for s in sessions] == [0, 1, 0, 1]
+        await sessions[0].close()
+        assert (await rt.open_session()).shard == 0  # the least-loaded one again
+        kept = {f"{key}.jsonl" for key in [*rt.sessions, sessions[0].key]}
+        assert set(await asyncio.to_thread(os.listdir, tmp_path)) == kept  # a closed session's transcript stays
+
+    sharded(tmp_path, main)
+
+
+def test_typed_events_cross_the_process_boundary_as_the_local_runtime_produces_them(tmp_path: Path) -> None:
+    async def local() -> list[tuple[str, str]]:
+        async with AsyncioRuntime.open() as rt:
+            session = await rt.open_session(ray_factory.options({"kind": "add"}))
+            async with session.query("add") as query:
+                return [(type(e).__name__, e.label) async for e in query]
+
+    expected = run(local)
+
+    async def main(rt: ShardedRuntime) -> None:
+        session = await rt.open_session({"kind": "add"})
+        async with session.query("add") as query:
+            events = [e async for e in query]
+        assert [(type(e).__name__, e.label) for e in events] == expected
+        assert query.terminal is not None and query.terminal.reason == "completed"
+        assert isinstance(events[-1], ResultMessage) and events[-1].result == "2 + 3 = 5"
+        assert any(isinstance(e, StreamEvent) for e in events)
+
+        again = await rt.open_session({"kind": "add"})
+        messages = [e async for e in again.query("add", events="messages")]
+        assert [(type(e).__name__, e.label) for e in messages] == [
+            pair for pair in expected if pair[1] not in ("stream_event", "stream_request_start")
+        ]
+        third = await rt.open_session({"kind": "add"})
+        only = third.query("add", events="result")
+        assert [type(e) async for e in only] == [ResultMessage]
+        assert only.terminal is not None and only.terminal.reason == "completed"
+        last = (await third.transcript())[-1]
+        assert isinstance(last, AssistantMessage) and last.content[0]["text"] == "2 + 3 = 5"
+
+    sharded(tmp_path, main)
+
+
+def test_an_abort_from_the_driver_ends_the_remote_query_aborted_and_the_session_takes_the_next(
+    tmp_path: Path,
+) -> None:
+    async def main(rt: ShardedRuntime) -> None:
+        session = await rt.open_session({"kind": "block"})
+        query = session.query("block")
+        await until_tool_runs(query)
+        query.abort()
+        result = await query.result()
+        assert query.terminal is not None and query.terminal.reason.startswith("aborted_")
+        assert result.is_error
+        assert (await session.query("again", events="result").result()).result == "next"
+
+        other = await rt.open_session({"kind": "block"}, key="by-session")
+        running = other.query("block")
+        await until_tool_runs(running)
+        assert await other.abort() >= 1  # the shard's supervisor abort, acked by its actors
+        await running.result()
+        assert running.terminal is not None and running.terminal.reason.startswith("aborted_")
+
+    sharded(tmp_path, main)
+
+
+def test_leaving_the_block_or_dropping_the_query_aborts_it_on_the_shard(tmp_path: Path) -> None:
+    async def answered(session: RemoteSession) -> bool:
+        messages = await session.transcript()
+        blocks = [b for m in messages if isinstance(m, UserMessage) and isinstance(m.content, list) for b in m.content]
+        return any(b.get("type") == "tool_result" for b in blocks)
+
+    async def main(rt: ShardedRuntime) -> None:
+        session = await rt.open_session({"kind": "block"})
+        async with session.query("block") as query:
+            await until_tool_runs(query)
+        assert query.terminal is not None and query.terminal.reason.startswith("aborted_")
+
+        dropped = await rt.open_session({"kind": "block"})
+        query = dropped.query("block")
+        await until_tool_runs(query)
+        del query
+        gc.collect()
+        await until(lambda: answered(dropped))  # the abort answered the blocked tool call
+        assert (await dropped.query("again", events="result").result()).result == "next"
+
+    sharded(tmp_path, main)
+
+
+def test_a_killed_shard_ends_its_queries_with_shard_lost_and_the_session_resumes_on_the_other(
+    tmp_path: Path,
+) -> None:
+    async def main(rt: ShardedRuntime) -> None:
+        victim = await rt.open_session({"kind": "block", "greet": True}, key="victim")
+        survivor = await rt.open_session({"replies": ["still here"]})
+        assert victim.shard != survivor.shard
+        assert (await victim.query("say hi", events="result").result()).result == "hi"  # a turn, then a blocked one
+        query = victim.query("block")
+        await until_tool_runs(query)
+        pid = rt.shards[victim.shard]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ShardLost):
+            await query.result()
+        with pytest.raises(ShardLost):
+            victim.query("again")
+        assert not rt.shards[victim.shard]["alive"]
+        resumed = await rt.resume("victim", {"replies": ["after the crash"]})
+        assert resumed.shard == survivor.shard and resumed.id == victim.id
+        conversation = await resumed.transcript()
+        assert transcript_problems(conversation) == []
+        assert isinstance(conversation[0], UserMessage) and conversation[0].content == "say hi"
+        assert (await resumed.query("go on", events="result").result()).result == "after the crash"
+        assert (await survivor.query("hi", events="result").result()).result == "still here"
+
+    sharded(tmp_path, main)
+
+
+def test_a_factory_that_raises_gives_a_clear_error_on_open_session(tmp_path: Path) -> None:
+    async def main(rt: ShardedRuntime) -> None:
+        with pytest.raises(FactoryError, match=r"tests.ray_factory:options.*raised ValueError\('no such agent'\)"):
+            await rt.open_session({"kind": "raise"})
+        assert [s["sessions"] for s in rt.shards] == [0, 0]
+        assert (await (await rt.open_session()).query("hi", events="result").result()).result == "hello"
+
+    sharded(tmp_path, main)
+
+    async def unimportable(rt: ShardedRuntime) -> None:
+        with pytest.raises(FactoryError, match="cannot be imported"):
+            await rt.open_session()
+
+    async def bad() -> None:
+        async with ShardedRuntime.open(shards=1, factory="tests.nowhere:options", transcript_dir=tmp_path) as rt:
+            await unimportable(rt)
+
+    run(bad)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
+def test_the_cluster_listens_on_loopback_only(tmp_path: Path) -> None:
+    async def main(rt: ShardedRuntime) -> list[str]:
+        pids = {str(s["pid"]) for s in rt.shards}
+        ss = await asyncio.create_subprocess_exec("ss", "-ltnpH", stdout=asyncio.subprocess.PIPE)
+        listing = (await ss.communicate())[0].decode()
+        ours = [
+            line
+            for line in listing.splitlines()
+            if any(f"pid={pid}," in line for pid in pids) or "raylet" in line or "gcs_server" in line
+        ]
+        assert ours, listing
+        loopback = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+        return [line for line in ours if line.split()[3].rsplit(":", 1)[0].strip("[]") not in loopback]
+
+    assert sharded(tmp_path, main) == []
