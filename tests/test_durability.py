@@ -77,6 +77,26 @@ async def test_every_message_is_in_the_file_before_the_consumer_receives_it(tmp_
     assert load_transcript(path).messages == transcript
 
 
+async def test_every_message_of_a_batch_is_in_the_file_before_the_batch_is_handed_over(tmp_path: Path) -> None:
+    """`QueryHandle.next_batch` (how the asyncio facade takes events) keeps the rule as iteration does."""
+    path = tmp_path / "t.jsonl"
+    model = ScriptedModel([tools_reply(tool_use("t1", "read"), tool_use("t2", "read"), text="Reading."), text_reply()])
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(
+            QueryOptions(provider=model, tools=[scripted_tool("read", safe=True)]), transcript=path
+        )
+        handle = session.query("Fix the bug")
+        received = 0
+        while batch := await handle.next_batch():
+            logged = logged_uuids(path)
+            for event in batch:
+                if isinstance(event, TRANSCRIPT_TYPES):
+                    assert event.uuid in logged, f"{event!r} was handed over before the file had it"
+                    received += 1
+        assert received == 6  # 3 + 1 blocks and 2 results
+        await session.close()
+
+
 async def test_the_prompt_is_in_the_file_before_the_first_request_goes_out(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     seen: list[list[Any]] = []

@@ -69,25 +69,15 @@ class QueryHandle:
         while True:
             # What is buffered already is returned at once; the loop waits only on an empty channel.
             if not events.items and not await events.wait():
-                failure = self._session.failure
-                if failure is not None and self.result is None:
-                    raise failure from None
+                self._raise_failure()
                 raise StopAsyncIteration from None
             if transcript is not None:
                 # Every message in the channel has its record in the log's buffer: written now, one syscall
                 # for all that arrived together, so nothing the consumer receives is lost to a kill.
                 transcript.write()
-            item = events.take()
-            kind = type(item)
-            if kind is Settled:
-                self.terminal, self.transitions = item.terminal, item.transitions
-                continue
-            if kind is Refused:
-                raise QueryInProgress(item.reason)
-            if kind is ResultMessage:
-                self.result = item
-            event: QueryEvent = item
-            return event
+            event = self._received(events.take())
+            if event is not None:
+                return event
 
     @property
     def event_buffer(self) -> int:
@@ -98,28 +88,40 @@ class QueryHandle:
         """Every event buffered now, waiting only if none is; [] once the stream has ended.
 
         For a consumer that moves events on in batches (the asyncio facade hops once per batch).
-        `terminal`, `transitions` and `result` are kept as `__anext__` keeps them.
+        `terminal`, `transitions` and `result` are kept, and the transcript written, as `__anext__` does.
         """
-        events = self._events
+        events, transcript = self._events, self._transcript
         batch: list[QueryEvent] = []
         while not batch:
             if not events.items and not await events.wait():
-                failure = self._session.failure
-                if failure is not None and self.result is None:
-                    raise failure from None
+                self._raise_failure()
                 return batch
+            if transcript is not None:
+                transcript.write()
             while events.items:
-                item = events.take()
-                kind = type(item)
-                if kind is Settled:
-                    self.terminal, self.transitions = item.terminal, item.transitions
-                    continue
-                if kind is Refused:
-                    raise QueryInProgress(item.reason)
-                if kind is ResultMessage:
-                    self.result = item
-                batch.append(item)
+                event = self._received(events.take())
+                if event is not None:
+                    batch.append(event)
         return batch
+
+    def _received(self, item: Any) -> QueryEvent | None:
+        """What one item of the channel is to the consumer: an event, or None for the end's bookkeeping."""
+        kind = type(item)
+        if kind is Settled:
+            self.terminal, self.transitions = item.terminal, item.transitions
+            return None
+        if kind is Refused:
+            raise QueryInProgress(item.reason)
+        if kind is ResultMessage:
+            self.result = item
+        event: QueryEvent = item
+        return event
+
+    def _raise_failure(self) -> None:
+        """At the end of the stream: a crash of the session's actors ends it, raised to the consumer."""
+        failure = self._session.failure
+        if failure is not None and self.result is None:
+            raise failure from None
 
     async def wait(self) -> ResultMessage:
         """Consume the remaining events and return the result."""
