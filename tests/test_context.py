@@ -738,3 +738,37 @@ def test_the_pipeline_keeps_random_conversations_paired(
 
     fitted = fit_for_summary(collapsed, sum(estimate_tokens(m) for m in collapsed) // 2)
     assert_paired(fitted)
+
+
+def test_the_oversized_result_scan_measures_each_message_once_as_the_conversation_grows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from queryloop.runtime.loop import context
+
+    measured: list[str] = []
+    real = context._result_text
+
+    def counting(block: Block) -> str | None:
+        measured.append(block.get("tool_use_id", ""))
+        return real(block)
+
+    monkeypatch.setattr(context, "_result_text", counting)
+    scan = context.OversizedResultScan()
+    conversation: list[TranscriptMessage] = [UserMessage(content="go")]
+    for index in range(5):
+        conversation = [*conversation, *tool_round(index)]
+        assert not scan.found(conversation, 1_000)
+    assert len(measured) == 10  # two results a round, each measured once (not 2 + 4 + ... + 10 = 30)
+    measured.clear()
+    rewritten = [UserMessage(content="go"), *conversation[2:]]  # a step replaced a message: looked at whole
+    assert not scan.found(rewritten, 1_000)
+    assert len(measured) == 10
+    big = [*rewritten, *tool_round(5, size=5_000)]
+    assert scan.found(big, 1_000) and scan.found(big, 1_000)  # found again until a step persists it
+    assert context.pipeline_needed(
+        big,
+        ContextLimits(context_window=200_000, max_output_tokens=8_000),
+        max_tool_result_chars=1_000,
+        snip_max_rounds=None,
+        scan=scan,
+    )

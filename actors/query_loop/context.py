@@ -176,6 +176,7 @@ class QueryLoopContext(QueryLoopEnding):
             context.limits,
             max_tool_result_chars=context.max_tool_result_chars,
             snip_max_rounds=context.snip_max_rounds,
+            scan=run.oversized_scan,
         ):
             return Prepared(
                 messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False

@@ -14,6 +14,7 @@ from queryloop.actors.query_loop.messages import QueryControl
 from queryloop.actors.tool_executor import ToolResult
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
+from queryloop.runtime.loop.context import OversizedResultScan
 from queryloop.runtime.loop.events import (
     AgentUsage,
     AssistantMessage,
@@ -105,6 +106,8 @@ class Run:
     """What each subagent of this query spent, by agent id (`subagent.Subagents`); None: it started none."""
     hook_errors: list[str] = field(default_factory=list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own."""
+    oversized_scan: OversizedResultScan = field(default_factory=OversizedResultScan)
+    """Whether the conversation holds an oversized tool result, each message looked at once (`_prepare`)."""
     normalizer: IncrementalNormalizer = field(default_factory=IncrementalNormalizer)
     """Each request's `messages`: the previous request's, and only what is new normalised (`_request`)."""
     context_message: UserMessage | None = field(init=False)

@@ -130,22 +130,55 @@ def token_count_with_estimation(messages: list[TranscriptMessage]) -> int:
 
 
 def pipeline_needed(
-    messages: list[TranscriptMessage], limits: ContextLimits, *, max_tool_result_chars: int, snip_max_rounds: int | None
+    messages: list[TranscriptMessage],
+    limits: ContextLimits,
+    *,
+    max_tool_result_chars: int,
+    snip_max_rounds: int | None,
+    scan: OversizedResultScan | None = None,
 ) -> bool:
     """Whether any step of the pipeline could change `messages` (False: the Compactor need not be asked).
 
     Below every threshold, with no oversized tool result and no snip configured, every
-    step is the identity; most iterations of most queries are there.
+    step is the identity; most iterations of most queries are there. `scan` (one per query)
+    looks at each message for an oversized result once, not at every call.
     """
     if snip_max_rounds is not None:
         return True
-    for message in messages:
-        if isinstance(message, UserMessage) and isinstance(message.content, list):
-            for block in message.content:
-                text = _result_text(block)
-                if text is not None and len(text) > max_tool_result_chars and not text.startswith("<persisted-output>"):
-                    return True
+    scan = scan if scan is not None else OversizedResultScan()
+    if scan.found(messages, max_tool_result_chars):
+        return True
     return token_count_with_estimation(messages) >= limits.lowest_threshold
+
+
+class OversizedResultScan:
+    """Whether a conversation holds a tool result over the size limit, looking only at what is new.
+
+    A query's conversation grows by appending between calls: the messages already looked at (and
+    found under the limit) are a prefix of the next call's, compared by identity first (a C-level
+    pass), so each message is measured once, not once per call (a long conversation would make that
+    quadratic: a list result's text is joined to be measured). A conversation rewritten by a step
+    (compaction, microcompact, a tombstone) is looked at whole again.
+    """
+
+    __slots__ = ("_clean",)
+
+    def __init__(self) -> None:
+        self._clean: list[TranscriptMessage] = []
+        """A prefix of the last conversation looked at, every tool result in it under the limit."""
+
+    def found(self, messages: list[TranscriptMessage], limit: int) -> bool:
+        clean = self._clean
+        start = len(clean) if clean and len(messages) >= len(clean) and messages[: len(clean)] == clean else 0
+        for message in messages[start:] if start else messages:
+            if isinstance(message, UserMessage) and isinstance(message.content, list):
+                for block in message.content:
+                    text = _result_text(block)
+                    if text is not None and len(text) > limit and not text.startswith("<persisted-output>"):
+                        self._clean = []
+                        return True
+        self._clean = list(messages)
+        return False
 
 
 def collapse_may_stage(messages: list[TranscriptMessage], limits: ContextLimits) -> bool:
