@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from queryloop import Runtime
+from queryloop import QueryOptions, Runtime, ScriptedModel
 from queryloop.runtime.loop import transcript
 from queryloop.runtime.loop.events import (
     AssistantMessage,
@@ -349,3 +349,24 @@ async def test_a_long_query_normalizes_each_message_a_bounded_number_of_times(pe
     for number, request in enumerate(ran.model.requests):
         history = sent[: 2 + 3 * number]  # the context, the prompt, then three messages a turn
         assert request.messages == normalize_messages_for_api(history)
+
+
+async def test_a_long_session_normalizes_each_message_a_bounded_number_of_times(per_message_calls: Counter) -> None:
+    """30 queries in one session: each query's first request normalises only what the conversation gained
+    since the previous query (the session keeps one normaliser, and one context message per context)."""
+    queries = 30
+    context = {"cwd": "/repo"}
+    model = ScriptedModel([text_reply(f"answer {n}") for n in range(queries)])
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(QueryOptions(provider=model, user_context=context))
+        for number in range(queries):
+            await session.query(f"question {number}").wait()
+        conversation = await session.transcript()
+        await session.close()
+    assert len(conversation) == 2 * queries
+    # Made per query, each first request would normalise the whole conversation: about queries² messages.
+    assert per_message_calls.calls <= 3 * len(conversation)
+    context_message = user_context_message(context)
+    assert context_message is not None
+    last = normalize_messages_for_api([context_message, *conversation[:-1]])
+    assert model.requests[-1].messages == last

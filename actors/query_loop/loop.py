@@ -49,7 +49,7 @@ from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import ContextLimits, collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal
-from queryloop.runtime.loop.events import TranscriptMessage, api_error_message
+from queryloop.runtime.loop.events import TranscriptMessage, UserMessage, api_error_message
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
 from queryloop.runtime.loop.pricing import context_window_for
 from queryloop.runtime.loop.state import (
@@ -59,7 +59,12 @@ from queryloop.runtime.loop.state import (
     initial_state,
     next_turn,
 )
-from queryloop.runtime.loop.transcript import build_system_prompt, messages_after_compact_boundary
+from queryloop.runtime.loop.transcript import (
+    IncrementalNormalizer,
+    build_system_prompt,
+    messages_after_compact_boundary,
+    user_context_message,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -117,6 +122,12 @@ class QueryLoop(QueryLoopContext):
         """Made for the first query that has `agents` (a session without them never has one)."""
         self._run: Run | None = None
         self._queued: RunQuery | None = None
+        # Shared by the session's queries: a query's first request then normalises only what the
+        # conversation gained since the previous query's last one (made per query, every query of a long
+        # session would normalise the whole conversation again).
+        self._normalizer = IncrementalNormalizer()
+        self._context: tuple[dict[str, str], UserMessage | None] = ({}, None)
+        """The last user context and its message, kept while queries carry the same context."""
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RunQuery):
@@ -161,6 +172,14 @@ class QueryLoop(QueryLoopContext):
     ) -> None:
         self.on_stop()
 
+    def _context_message(self, user_context: dict[str, str]) -> UserMessage | None:
+        """The user context's message: the same object while the context is the same (see `Run.context_message`)."""
+        known, made = self._context
+        if user_context != known:
+            made = user_context_message(user_context)
+            self._context = (dict(user_context), made)
+        return made
+
     def _new_run(self, message: RunQuery) -> Run:
         # The config snapshot: taken once, used by every iteration of this query (seed 001).
         options = message.options
@@ -174,6 +193,8 @@ class QueryLoop(QueryLoopContext):
                 tools = [*tools, agent_tool]
         return Run(
             options=options,
+            normalizer=self._normalizer,
+            context_message=self._context_message(options.user_context),
             sink=message.sink,
             control=message.control,
             model=options.model,

@@ -26,7 +26,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import ContinueReason, Terminal
-from queryloop.runtime.loop.transcript import IncrementalNormalizer, user_context_message
+from queryloop.runtime.loop.transcript import IncrementalNormalizer
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -109,13 +109,12 @@ class Run:
     oversized_scan: OversizedResultScan = field(default_factory=OversizedResultScan)
     """Whether the conversation holds an oversized tool result, each message looked at once (`_prepare`)."""
     normalizer: IncrementalNormalizer = field(default_factory=IncrementalNormalizer)
-    """Each request's `messages`: the previous request's, and only what is new normalised (`_request`)."""
-    context_message: UserMessage | None = field(init=False)
-    """The user context's message, made once: the same object heads every request's messages, so that
-    `normalizer` finds them unchanged."""
-
-    def __post_init__(self) -> None:
-        self.context_message = user_context_message(self.options.user_context)
+    """Each request's `messages`: the previous request's, and only what is new normalised (`_request`).
+    The session's, shared by its queries (`QueryLoop`): a query's first request normalises only what
+    the conversation gained since the last request of the query before."""
+    context_message: UserMessage | None = None
+    """The user context's message, made once per context (`QueryLoop`): the same object heads every
+    request's messages, so that `normalizer` finds them unchanged."""
 
     def abort(self, reason: AbortReason) -> None:
         """Record the abort; cancel the phase in flight, or wake the loop waiting on its turn."""
