@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.state import ContinueReason, Terminal
 
 
+_BOOKKEEPING = frozenset({Settled, Refused, ResultMessage})
+"""What the handle itself looks at as it passes (`QueryHandle._received`); every other item is an event as is."""
+
+
 class QueryHandle:
     """Iterate it for the query's events; then read `terminal`, `result`, `transitions`."""
 
@@ -75,9 +79,13 @@ class QueryHandle:
                 # Every message in the channel has its record in the log's buffer: written now, one syscall
                 # for all that arrived together, so nothing the consumer receives is lost to a kill.
                 transcript.write()
-            event = self._received(events.take())
-            if event is not None:
+            item = events.take()
+            if type(item) not in _BOOKKEEPING:  # nearly every event: returned as it is
+                event: QueryEvent = item
                 return event
+            received = self._received(item)
+            if received is not None:
+                return received
 
     @property
     def event_buffer(self) -> int:
