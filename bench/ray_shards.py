@@ -10,9 +10,8 @@ The same at C sessions per shard (`--concurrency`, 50; figures ending in `_at_c`
 `--ship-rounds` rounds on fresh sessions; `ship_us_per_event` = (all-mode CPU per loop, both sides,
 − results mode's) / events per loop, at C: a difference of two CPU figures near 2 ms per loop, it
 moves by several µs per event from one run to the next (a shard's CPU per loop varies by 10-30 %
-between runs on a shared 2-core machine), and at T the all-mode driver falls behind (the shards'
-queries wait for it), which is not the cost of shipping. At the largest count, under a results-mode
-load of C sessions per shard: `--aborts` aborts of a blocked query through Ray (driver `abort()` to
+between runs on a shared 2-core machine; one round at T gave 9 and 31 µs). At the largest count,
+under a results-mode load of C sessions per shard: `--aborts` aborts of a blocked query through Ray (driver `abort()` to
 its `result` back: `abort_p50_ms`, `abort_p99_ms`); then a kill round: a shard SIGKILLed while its
 sessions' queries run; every `ShardLost` session is resumed on a survivor and must complete a query
 (`lost_after_kill`: those that could not). `scaling_2_over_1`: results-mode loops/s on two shards
@@ -198,15 +197,17 @@ async def _measure(args: argparse.Namespace, counts: list[int]) -> dict[str, Any
             async with ShardedRuntime.open(
                 shards=n, factory=FACTORY, transcript_dir=f"{directory}/{n}", batch_ms=args.batch_ms
             ) as rt:
-                warm = [await rt.open_session(spec) for _ in range(2 * n)]
-                await _load(rt, args, warm, "result")
+                sessions = [await rt.open_session(spec) for _ in range(2 * n)]
+                await _load(rt, args, sessions, "result")  # warm-up
                 for label, count, rounds in (
                     ("", args.throughput_concurrency, 1),
                     ("_at_c", args.concurrency, args.ship_rounds),
                 ):
                     levels: dict[str, list[float]] = {}
                     for _ in range(rounds):
-                        # Fresh sessions each round: a session's conversation grows with its queries.
+                        # Fresh sessions each round (a session's conversation grows with its queries),
+                        # the last round's closed first (idle sessions still cost the shards' collector).
+                        await asyncio.gather(*(session.close() for session in sessions))
                         sessions = [await rt.open_session(spec) for _ in range(count * n)]
                         for events in ("result", "all"):
                             level = await _load(rt, args, sessions, events)
