@@ -11,10 +11,12 @@ first call of the default group (`info`, which `ShardedRuntime.start` makes).
 * `submit([Submission])`: each query is served by an asyncio task that reads its events in batches
   and hands them, filtered by its `events` mode, to the outbox of the driver's stream.
 * `events(stream)`: one Ray streaming generator per driver: at most one object per `batch_ms`, carrying
-  what every query of that driver produced since the last one (at once when the stream was idle).
+  what every query of that driver produced since the last one (at once when the stream was idle, or
+  for the end of a query the driver aborted).
   When the driver lags `max_buffered` events behind, the queries' readers wait, and so do the loops.
 * `abort(key, qid, reason)`: the control lane (a concurrency group of its own, its own loop thread);
-  it hops to the runtime's loop and becomes the session's supervisor abort; returns the acks' count.
+  from there it enters the trio run directly (`AsyncioSession.abort_threadsafe`) and becomes the
+  session's supervisor abort; returns the acks' count.
   An abort that overtakes its query's submission is kept and applied when the query starts.
 
 A shard Ray restarted comes back empty: `info()["restarted"]` says so, and every call naming a
