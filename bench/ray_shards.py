@@ -1,14 +1,21 @@
 """`bench ray`: workload W on sessions sharded over Ray actors (`queryloop.ray.ShardedRuntime`), one driver.
 
 A local Ray cluster bound to loopback (`num_cpus` = the largest shard count). For each shard count:
-C sessions per shard each run `--queries` W queries in a row, once with `events="result"` and once
-with `events="all"`; reported per mode: loops/s, CPU per loop of the driver and of the shards
-(their processes' CPU time), and `ship_us_per_event` = (all-mode CPU per loop, both sides − results
-mode's) / events per loop. At the largest count, under the results-mode load: `--aborts` aborts of a
-blocked query through Ray (driver `abort()` to its `result` back: `abort_p50_ms`, `abort_p99_ms`);
-then a kill round: a shard SIGKILLed while its sessions' queries run; every `ShardLost` session is
-resumed on a survivor and must complete a query (`lost_after_kill`: those that could not).
-`scaling_2_over_1`: results-mode loops/s on two shards over one.
+T sessions per shard (`--throughput-concurrency`, 200) each run `--queries` W queries in a row, once
+with `events="result"` and once with `events="all"`; reported per mode: loops/s, CPU per loop of the
+driver and of the shards (their processes' CPU time). T keeps the shards busy: a session runs its
+queries one after the other, each a round trip through Ray and the shipping window, so at C two
+shards on two cores idle about 40 % of the time and loops/s measures that latency, not capacity.
+The same at C sessions per shard (`--concurrency`, 50; figures ending in `_at_c`), the medians of
+`--ship-rounds` rounds on fresh sessions; `ship_us_per_event` = (all-mode CPU per loop, both sides,
+− results mode's) / events per loop, at C: a difference of two CPU figures near 2 ms per loop, it
+moves by several µs per event from one run to the next (a shard's CPU per loop varies by 10-30 %
+between runs on a shared 2-core machine; one round at T gave 9 and 31 µs). At the largest count,
+under a results-mode load of C sessions per shard: `--aborts` aborts of a blocked query through Ray (driver `abort()` to
+its `result` back: `abort_p50_ms`, `abort_p99_ms`); then a kill round: a shard SIGKILLed while its
+sessions' queries run; every `ShardLost` session is resumed on a survivor and must complete a query
+(`lost_after_kill`: those that could not). `scaling_2_over_1`: results-mode loops/s on two shards
+over one, at T.
 """
 
 from __future__ import annotations
@@ -54,7 +61,15 @@ def options(spec: Mapping[str, Any]) -> QueryOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shards", default="1,2", help="shard counts to compare")
-    parser.add_argument("--concurrency", type=int, default=50, help="sessions per shard (C)")
+    parser.add_argument(
+        "--concurrency", type=int, default=50, help="sessions per shard (C): the aborts' load, ship_us_per_event"
+    )
+    parser.add_argument(
+        "--throughput-concurrency", type=int, default=200, help="sessions per shard (T) of the loops/s figures"
+    )
+    parser.add_argument(
+        "--ship-rounds", type=int, default=3, help="rounds at C (medians): CPU per loop is a noisy difference"
+    )
     parser.add_argument("--queries", type=int, default=10, help="W queries each session runs in a row")
     parser.add_argument("--model-ms", type=float, default=0.0)
     parser.add_argument("--tool-ms", type=float, default=0.0)
@@ -172,19 +187,34 @@ async def _measure(args: argparse.Namespace, counts: list[int]) -> dict[str, Any
     from queryloop.ray import ShardedRuntime
 
     spec = {"model_ms": args.model_ms, "tool_ms": args.tool_ms}
-    figures: dict[str, Any] = {"concurrency_per_shard": args.concurrency, "queries_per_session": args.queries}
+    figures: dict[str, Any] = {
+        "concurrency_per_shard": args.concurrency,
+        "throughput_concurrency_per_shard": args.throughput_concurrency,
+        "queries_per_session": args.queries,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-ray-", dir=args.transcript_dir) as directory:
         for n in counts:
             async with ShardedRuntime.open(
                 shards=n, factory=FACTORY, transcript_dir=f"{directory}/{n}", batch_ms=args.batch_ms
             ) as rt:
-                sessions = [await rt.open_session(spec) for _ in range(args.concurrency * n)]
-                await _load(rt, args, sessions[: 2 * n], "result")  # warm-up
-                for events in ("result", "all"):
-                    level = await _load(rt, args, sessions, events)
-                    print(f"shards={n} events={events}: {level}")
-                    for name, value in level.items():
-                        figures[f"{name}_{events}_{n}"] = round(value, 2)
+                sessions = [await rt.open_session(spec) for _ in range(2 * n)]
+                await _load(rt, args, sessions, "result")  # warm-up
+                for label, count, rounds in (
+                    ("", args.throughput_concurrency, 1),
+                    ("_at_c", args.concurrency, args.ship_rounds),
+                ):
+                    levels: dict[str, list[float]] = {}
+                    for _ in range(rounds):
+                        # Fresh sessions each round (a session's conversation grows with its queries),
+                        # the last round's closed first (idle sessions still cost the shards' collector).
+                        await asyncio.gather(*(session.close() for session in sessions))
+                        sessions = [await rt.open_session(spec) for _ in range(count * n)]
+                        for events in ("result", "all"):
+                            level = await _load(rt, args, sessions, events)
+                            print(f"shards={n} sessions/shard={count} events={events}: {level}")
+                            for name, value in level.items():
+                                levels.setdefault(f"{name}_{events}_{n}{label}", []).append(value)
+                    figures.update({key: round(statistics.median(values), 2) for key, values in levels.items()})
                 if n == max(counts):
                     load = asyncio.ensure_future(_load(rt, args, sessions, "result"))
                     times = sorted(await _aborts(rt, args.aborts))
@@ -194,13 +224,14 @@ async def _measure(args: argparse.Namespace, counts: list[int]) -> dict[str, Any
                     if n >= 2:
                         figures.update(await _kill_round(rt, args, spec))
     for n in counts:
-        cpu = {
-            e: figures[f"driver_cpu_us_per_loop_{e}_{n}"] + figures[f"shard_cpu_us_per_loop_{e}_{n}"]
-            for e in ("result", "all")
-        }
-        events = figures[f"events_per_loop_all_{n}"]
-        figures[f"ship_us_per_event_{n}"] = round((cpu["all"] - cpu["result"]) / events, 2)
-    figures["ship_us_per_event"] = figures[f"ship_us_per_event_{max(counts)}"]
+        for label in ("", "_at_c"):
+            cpu = {
+                e: figures[f"driver_cpu_us_per_loop_{e}_{n}{label}"] + figures[f"shard_cpu_us_per_loop_{e}_{n}{label}"]
+                for e in ("result", "all")
+            }
+            events = figures[f"events_per_loop_all_{n}{label}"]
+            figures[f"ship_us_per_event_{n}{label}"] = round((cpu["all"] - cpu["result"]) / events, 2)
+    figures["ship_us_per_event"] = figures[f"ship_us_per_event_{max(counts)}_at_c"]
     if 1 in counts and 2 in counts:
         figures["scaling_2_over_1"] = round(figures["loops_per_s_result_2"] / figures["loops_per_s_result_1"], 2)
     return figures

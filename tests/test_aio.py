@@ -223,6 +223,27 @@ def test_query_abort_from_another_thread_ends_it_aborted_tools(mode: Mode) -> No
     run(main)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_abort_threadsafe_from_another_thread_returns_the_acks_and_ends_the_query_aborted(mode: Mode) -> None:
+    async def main() -> None:
+        blocker = Blocker()
+        async with AsyncioRuntime.open(mode=mode) as rt:
+            session, query = await blocked_query(rt, blocker)
+            async with query:
+                async for event in query:
+                    if event.label == "assistant":  # the tool_use block: the tool starts now
+                        await blocker.running.wait()
+                        acks = await asyncio.to_thread(lambda: session.abort_threadsafe("user").result(LIMIT_S))
+                        assert len(acks) >= 1
+            assert query.terminal is not None and query.terminal.reason == "aborted_tools"
+            assert blocker.cancelled == 1
+            await assert_aborted_then_next(rt, session, query)
+        with pytest.raises(RuntimeClosed):
+            session.abort_threadsafe()
+
+    run(main)
+
+
 @pytest.mark.parametrize("detected", [True, False])
 def test_an_asyncio_tool_runs_on_the_host_loop_and_an_abort_cancels_it(detected: bool) -> None:
     async def main() -> None:

@@ -147,6 +147,48 @@ def test_an_abort_from_the_driver_ends_the_remote_query_aborted_and_the_session_
     sharded(tmp_path, main)
 
 
+def test_an_aborted_query_ends_at_once_under_load_not_after_the_shipping_window(tmp_path: Path) -> None:
+    """The abort enters the shard's trio run from the control lane, and the aborted query's end ships
+    without waiting out the window: with a 3 s window and other queries' events flowing on the same
+    stream, the end still arrives well within it."""
+    window_s = 3.0
+
+    async def main(rt: ShardedRuntime) -> None:
+        session = await rt.open_session({"kind": "block"})
+        busy = [await rt.open_session({"replies": ["hello"] * 50}) for _ in range(4)]
+        stop = asyncio.Event()
+
+        async def load(other: RemoteSession) -> None:
+            while not stop.is_set():
+                await other.query("hi").result()
+
+        loads = [asyncio.ensure_future(load(other)) for other in busy]
+        try:
+            for _ in range(2):
+                query = session.query("block")
+                await until_tool_runs(query)  # an object just shipped: the next one waits for the window
+                loop = asyncio.get_running_loop()
+                start = loop.time()
+                query.abort()
+                async with asyncio.timeout(window_s / 2):
+                    result = await query.result()
+                assert loop.time() - start < window_s / 2
+                assert result.is_error
+                assert query.terminal is not None and query.terminal.reason.startswith("aborted_")
+                session = await rt.open_session({"kind": "block"})
+        finally:
+            stop.set()
+            await asyncio.gather(*loads)
+
+    async def with_runtime() -> None:
+        async with ShardedRuntime.open(
+            shards=1, factory=FACTORY, transcript_dir=tmp_path, batch_ms=window_s * 1000
+        ) as rt:
+            await main(rt)
+
+    run(with_runtime)
+
+
 def test_leaving_the_block_or_dropping_the_query_aborts_it_on_the_shard(tmp_path: Path) -> None:
     async def answered(session: RemoteSession) -> bool:
         messages = await session.transcript()

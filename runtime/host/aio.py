@@ -27,6 +27,7 @@ Imports `host.aio_bridge`, `host.session`, `loop`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections import deque
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Self
@@ -201,6 +202,12 @@ class AsyncioSession:
     def abort_nowait(self, reason: AbortReason = "user") -> None:
         """`abort` without waiting for the acks; from any task or thread."""
         self._bridge.send(lambda: self.session.abort_nowait(reason))
+
+    def abort_threadsafe(self, reason: AbortReason = "user") -> concurrent.futures.Future[list[AbortAck]]:
+        """`abort` from any thread, not through the host's loop: the actors are told in the trio run's
+        next tick (`abort_nowait`), then a task gathers their acks (a second `Abort`, idempotent)."""
+        session = self.session
+        return self._bridge.from_thread(lambda: session.abort(reason), lambda: session.abort_nowait(reason))
 
     async def transcript(self) -> list[TranscriptMessage]:
         return await self._bridge.acall(self.session.transcript)

@@ -21,6 +21,7 @@ and `loop`; `host.aio` is built on it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import signal
@@ -324,6 +325,34 @@ class Bridge:
         self.to_host(start)
         result: T = await wait_task_rescheduled(abort)
         return result
+
+    def from_thread(
+        self, async_fn: Callable[[], Awaitable[T]], first: Callable[[], object] | None = None
+    ) -> concurrent.futures.Future[T]:
+        """From any thread, not through the host's loop: `first()` runs in the trio run's next tick,
+        then `async_fn()` as a task of the run, whose outcome the returned future gets (`RuntimeClosed`
+        if the run ends first). `RuntimeClosed` at once if it has ended."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        async def task() -> None:
+            try:
+                future.set_result(await async_fn())
+            except Exception as error:  # noqa: BLE001 - the caller's future raises it
+                future.set_exception(error)
+            except BaseException:
+                future.set_exception(RuntimeClosed("the runtime's trio run ended during the call"))
+                raise
+
+        def start() -> None:
+            if first is not None:
+                first()
+            if self.nursery is None or self.draining:
+                future.set_exception(RuntimeClosed("the runtime's trio run is ending"))
+            else:
+                self.nursery.start_soon(task)
+
+        self.send(start)
+        return future
 
     def counters(self) -> dict[str, int]:
         return {

@@ -11,10 +11,12 @@ first call of the default group (`info`, which `ShardedRuntime.start` makes).
 * `submit([Submission])`: each query is served by an asyncio task that reads its events in batches
   and hands them, filtered by its `events` mode, to the outbox of the driver's stream.
 * `events(stream)`: one Ray streaming generator per driver: at most one object per `batch_ms`, carrying
-  what every query of that driver produced since the last one (at once when the stream was idle).
+  what every query of that driver produced since the last one (at once when the stream was idle, or
+  for the end of a query the driver aborted).
   When the driver lags `max_buffered` events behind, the queries' readers wait, and so do the loops.
 * `abort(key, qid, reason)`: the control lane (a concurrency group of its own, its own loop thread);
-  it hops to the runtime's loop and becomes the session's supervisor abort; returns the acks' count.
+  from there it enters the trio run directly (`AsyncioSession.abort_threadsafe`) and becomes the
+  session's supervisor abort; returns the acks' count.
   An abort that overtakes its query's submission is kept and applied when the query starts.
 
 A shard Ray restarted comes back empty: `info()["restarted"]` says so, and every call naming a
@@ -28,6 +30,7 @@ import asyncio
 import importlib
 import os
 import secrets
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -36,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 from loguru import logger
 
-from queryloop.runtime.errors import FactoryError
+from queryloop.runtime.errors import FactoryError, RuntimeClosed
 from queryloop.runtime.host.aio import AsyncioRuntime
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.ray.wire import CONTROL, DELTAS, Ending, Entry, SessionNotHere, encode, method, portable
@@ -68,26 +71,32 @@ class _Outbox:
         self.events = 0
         self.max_buffered = max_buffered
         self.ready = asyncio.Event()
+        self.hurry = asyncio.Event()
+        """Set when an entry must not wait out the window (an aborted query's end)."""
         self.room = asyncio.Event()
         self.room.set()
         self.closed = False
 
-    def put(self, entry: Entry) -> None:
+    def put(self, entry: Entry, hurry: bool = False) -> None:
         self.entries.append(entry)
         self.events += len(entry[1])
         if self.events >= self.max_buffered:
             self.room.clear()
         self.ready.set()
+        if hurry:
+            self.hurry.set()
 
     def take(self) -> list[Entry]:
         entries, self.entries, self.events = self.entries, [], 0
         self.ready.clear()
+        self.hurry.clear()
         self.room.set()
         return entries
 
     def close(self) -> None:
         self.closed = True
         self.ready.set()
+        self.hurry.set()
         self.room.set()
 
 
@@ -109,11 +118,14 @@ class Shard:
             self.log.warning("shard {} was restarted by Ray: it holds no sessions (resume them)", index)
         self._runtime: AsyncioRuntime | None = None
         self._starting: asyncio.Lock | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._factory: Callable[[Mapping[str, Any]], Any] | None = None
         self._sessions: dict[str, _Hosted] = {}
         self._outboxes: dict[str, _Outbox] = {}
         self._early_aborts: dict[int, AbortReason] = {}
+        self._aborted: set[int] = set()
+        """Running queries the driver aborted: their ends ship at once, without waiting out the window."""
+        self._abort_lock = threading.Lock()
+        """Between the control lane's thread and the runtime's loop: which query runs, early aborts, aborted."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def _rt(self) -> AsyncioRuntime:
@@ -122,7 +134,6 @@ class Shard:
                 self._starting = asyncio.Lock()
             async with self._starting:
                 if self._runtime is None:
-                    self._loop = asyncio.get_running_loop()
                     # A shard owns its worker process: the runtime's collector thresholds are its to set.
                     self._runtime = await AsyncioRuntime.start(mode="guest", tune_gc=True)
                     self.log.info("shard {} runs its runtime (pid {})", self.index, os.getpid())
@@ -215,8 +226,11 @@ class Shard:
         except Exception as error:  # noqa: BLE001 - the driver's consumer raises it
             outbox.put((sub.qid, [], None, portable(error)))
             return
-        hosted.running, hosted.started = (sub.qid, query), sub.qid
-        early = self._early_aborts.pop(sub.qid, None)
+        with self._abort_lock:
+            hosted.running, hosted.started = (sub.qid, query), sub.qid
+            early = self._early_aborts.pop(sub.qid, None)
+            if early is not None:
+                self._aborted.add(sub.qid)
         if early is not None:
             query.abort(early)
         try:
@@ -231,12 +245,15 @@ class Shard:
                             outbox.put((sub.qid, batch, None, None))
                         if not outbox.room.is_set():
                             await outbox.room.wait()  # the driver lags: this query waits, so does its loop
-            outbox.put((sub.qid, [], Ending(query.terminal, query.transitions), None))
+            hurry = sub.qid in self._aborted
+            outbox.put((sub.qid, [], Ending(query.terminal, query.transitions), None), hurry)
         except Exception as error:  # noqa: BLE001 - the driver's consumer raises it
-            outbox.put((sub.qid, [], None, portable(error)))
+            outbox.put((sub.qid, [], None, portable(error)), sub.qid in self._aborted)
         finally:
-            if hosted.running is not None and hosted.running[0] == sub.qid:
-                hosted.running = None
+            with self._abort_lock:
+                self._aborted.discard(sub.qid)
+                if hosted.running is not None and hosted.running[0] == sub.qid:
+                    hosted.running = None
 
     @method(num_returns="streaming")
     async def events(self, stream: str) -> AsyncIterator[bytes]:
@@ -254,8 +271,13 @@ class Shard:
                         yield encode(outbox.take())
                     return
                 wait = shipped + self.batch_s - loop.time()
-                if wait > 0 and outbox.room.is_set():
-                    await asyncio.sleep(wait)  # at most one object a window: what comes meanwhile ships along
+                if wait > 0 and outbox.room.is_set() and not outbox.hurry.is_set():
+                    # At most one object a window: what comes meanwhile ships along; an aborted
+                    # query's end ships at once.
+                    try:
+                        await asyncio.wait_for(outbox.hurry.wait(), wait)
+                    except TimeoutError:
+                        pass
                 shipped = loop.time()
                 yield encode(outbox.take())
         finally:
@@ -266,25 +288,27 @@ class Shard:
     async def abort(self, key: str, qid: int | None, reason: AbortReason) -> int:
         """Abort query `qid` of session `key` (None: whatever runs in it); the acks' count.
 
-        Runs on the control lane's loop: it hops to the runtime's loop, where the session lives."""
-        loop = self._loop
-        if loop is None:
-            return 0
-        future = asyncio.run_coroutine_threadsafe(self._abort(key, qid, reason), loop)
-        return await asyncio.wrap_future(future)
-
-    async def _abort(self, key: str, qid: int | None, reason: AbortReason) -> int:
+        Runs on the control lane's thread and enters the trio run from there
+        (`AsyncioSession.abort_threadsafe`): the abort does not queue behind the runtime's asyncio loop."""
         hosted = self._sessions.get(key)
-        if hosted is None:
+        runtime = self._runtime
+        if hosted is None or runtime is None:
             return 0
-        running = hosted.running
-        if qid is not None and (running is None or running[0] != qid):
-            if qid > hosted.started:
-                self._early_aborts[qid] = reason  # it overtook its submission: applied when it starts
-            return 0
-        acks = await hosted.session.abort(reason)
-        self.log.bind(session=hosted.session.id).debug("aborted ({}): {} acks", reason, len(acks))
-        return len(acks)
+        with self._abort_lock:
+            running = hosted.running
+            if qid is not None and (running is None or running[0] != qid):
+                if qid > hosted.started:
+                    self._early_aborts[qid] = reason  # it overtook its submission: applied when it starts
+                return 0
+            if running is not None:
+                self._aborted.add(running[0])
+        try:
+            acked = await asyncio.wrap_future(hosted.session.abort_threadsafe(reason))
+        except RuntimeClosed:
+            return 0  # the runtime is closing: its queries end aborted anyway
+        count = len(acked)
+        self.log.bind(session=hosted.session.id).debug("aborted ({}): {} acks", reason, count)
+        return count
 
     async def shutdown(self) -> None:
         """Close every session (running queries end aborted, `shutdown`) and the runtime; end the streams."""
