@@ -384,3 +384,16 @@ async def test_a_dead_http_server_gives_error_results_never_a_crashed_session(ht
     assert is_error and "unavailable" in content  # connecting again failed: the server is not ours to restart
     assert later.handle.result is not None and later.handle.result.subtype == "success"
     assert [r for r in records if r["level"] in ("ERROR", "CRITICAL") or r["exception"] is not None] == []
+
+
+def test_the_blocking_runtime_opens_an_mcp_server_for_its_sessions() -> None:
+    from queryloop import BlockingRuntime
+
+    with BlockingRuntime() as runtime:
+        tools = runtime.open_mcp("fx", STDIO)
+        model = ScriptedModel([tools_reply(tool_use("t1", "mcp__fx__echo", {"text": "hi"})), text_reply("Done.")])
+        session = runtime.open_session(QueryOptions(provider=model, tools=tools))
+        events = list(session.query("Go"))
+        results = [b for e in events if e.type == "user" for b in e.content if isinstance(b, dict)]
+        assert [(b["tool_use_id"], b["content"], b["is_error"]) for b in results] == [("t1", "hi", False)]
+        session.close()

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.events import QueryEvent, ResultMessage, TranscriptMessage
     from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.state import ContinueReason, Terminal
+    from queryloop.runtime.loop.tools import Tool
+    from queryloop.runtime.mcp.servers import McpServer
 
 T = TypeVar("T")
 
@@ -111,6 +113,13 @@ class BlockingRuntime:
         runtime = self._runtime
         session: Session = self.call(lambda: runtime.open_session(options, transcript=transcript, resume=resume))
         return BlockingSession(self, session)
+
+    def open_mcp(self, name: str, server: McpServer) -> list[Tool]:
+        """As `Runtime.open_mcp`: the server's one client lives on the runtime's thread, for every session."""
+        assert self._runtime is not None
+        runtime = self._runtime
+        tools: list[Tool] = self.call(runtime.open_mcp, name, server)
+        return tools
 
     def close(self) -> None:
         """Close every session (their queries are aborted) and stop the runtime's thread."""
