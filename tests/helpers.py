@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from loguru import logger
 
 from queryloop import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
@@ -146,3 +147,21 @@ class FallbackMidStream:
                     raise FallbackTriggered("primary overloaded")
                 count += 1
                 yield event
+
+
+@contextmanager
+def log_records() -> Iterator[list[dict[str, Any]]]:
+    """Every record the library logs meanwhile (level name, message, exception)."""
+    records: list[dict[str, Any]] = []
+
+    def sink(message: Any) -> None:
+        record = message.record
+        records.append({"level": record["level"].name, "message": record["message"], "exception": record["exception"]})
+
+    logger.enable("queryloop")
+    sink_id = logger.add(sink, level="DEBUG")
+    try:
+        yield records
+    finally:
+        logger.remove(sink_id)
+        logger.disable("queryloop")

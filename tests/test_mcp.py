@@ -9,14 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from loguru import logger
 from mcp_types import (
     AudioContent,
     BlobResourceContents,
@@ -40,7 +38,7 @@ from queryloop import (
     ToolContext,
 )
 from queryloop.runtime.mcp.content import error_text, result_output, tool_name
-from tests.helpers import Ran, assert_settled, consume, text_reply, tool_use, tools_reply
+from tests.helpers import Ran, assert_settled, consume, log_records, text_reply, tool_use, tools_reply
 
 SERVER = Path(__file__).with_name("mcp_server.py")
 STDIO = McpStdioServer(command=[sys.executable, str(SERVER), "stdio"])
@@ -76,23 +74,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-@contextmanager
-def log_records() -> Iterator[list[dict[str, Any]]]:
-    records: list[dict[str, Any]] = []
-
-    def sink(message: Any) -> None:
-        record = message.record
-        records.append({"level": record["level"].name, "message": record["message"], "exception": record["exception"]})
-
-    logger.enable("queryloop")
-    sink_id = logger.add(sink, level="DEBUG")
-    try:
-        yield records
-    finally:
-        logger.remove(sink_id)
-        logger.disable("queryloop")
 
 
 @pytest.fixture

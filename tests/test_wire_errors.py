@@ -7,21 +7,19 @@ output that cannot be sent, a stream event without a type), which must never log
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from loguru import logger
 
 from queryloop import QueryOptions, Runtime
 from queryloop.runtime.loop.events import AssistantMessage, SystemMessage
 from queryloop.runtime.loop.max_tokens import CONTEXT_MARGIN
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.tools import Tool, ToolContext
-from tests.helpers import text_reply, tool_use, tools_reply
+from tests.helpers import log_records, text_reply, tool_use, tools_reply
 from tests.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, assert_settled, run_query, served
 
 ERRORS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "errors"
@@ -40,24 +38,6 @@ def recorded(name: str, **overrides: Any) -> dict[str, Any]:
 def recorded_message(name: str) -> str:
     message: str = json.loads((ERRORS / f"{name}.json").read_text())["body"]["error"]["message"]
     return message
-
-
-@contextmanager
-def log_records() -> Iterator[list[dict[str, Any]]]:
-    """Every record the library logs meanwhile (level name, message, exception)."""
-    records: list[dict[str, Any]] = []
-
-    def sink(message: Any) -> None:
-        record = message.record
-        records.append({"level": record["level"].name, "message": record["message"], "exception": record["exception"]})
-
-    logger.enable("queryloop")
-    sink_id = logger.add(sink, level="DEBUG")
-    try:
-        yield records
-    finally:
-        logger.remove(sink_id)
-        logger.disable("queryloop")
 
 
 def assert_no_traceback(records: list[dict[str, Any]]) -> None:
