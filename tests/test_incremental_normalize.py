@@ -370,3 +370,37 @@ async def test_a_long_session_normalizes_each_message_a_bounded_number_of_times(
     assert context_message is not None
     last = normalize_messages_for_api([context_message, *conversation[:-1]])
     assert model.requests[-1].messages == last
+
+
+async def test_a_long_session_scans_each_tool_result_for_its_size_a_bounded_number_of_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """30 queries of one session, a tool call each: the oversized-result scan is the session's (as its
+    normaliser is), so a query's first call measures only the results gained since the query before."""
+    from queryloop.runtime.loop import context as context_rules
+
+    measured: list[str] = []
+    real = context_rules._result_text
+
+    def counting(block: Any) -> str | None:
+        measured.append(block.get("tool_use_id", ""))
+        return real(block)
+
+    monkeypatch.setattr(context_rules, "_result_text", counting)
+    queries = 30
+    replies: list[dict[str, Any]] = []
+    for number in range(queries):
+        replies += [tools_reply(scripted_use(f"t{number}", "read")), text_reply(f"answer {number}")]
+    model = ScriptedModel(replies)
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(
+            QueryOptions(provider=model, tools=[scripted_tool("read", result="file text", safe=True)])
+        )
+        for number in range(queries):
+            handle = session.query(f"question {number}")
+            await handle.wait()
+            assert handle.terminal is not None and handle.terminal.reason == "completed"
+        await session.close()
+    assert sorted(set(measured)) == sorted(f"t{number}" for number in range(queries))
+    # Per query, each earlier result measured again: 1 + 2 + ... + 30 = 465 measures.
+    assert len(measured) <= 2 * queries

@@ -17,6 +17,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.transcript import (
     INTERRUPTED_BY_USER,
+    CompactBoundary,
     build_system_prompt,
     messages_after_compact_boundary,
     missing_tool_results,
@@ -479,3 +480,34 @@ def test_normalize_output_always_alternates_and_is_valid_to_send(messages: list[
     assert all(api[i]["role"] != api[i + 1]["role"] for i in range(len(api) - 1))
     assert not api or api[0]["role"] == "user"
     assert transcript_problems(as_transcript(api)) == []
+
+
+class _CountingList(list[TranscriptMessage]):
+    """A conversation that counts the messages read from it one by one (slices are C-level copies)."""
+
+    reads = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int):
+            _CountingList.reads += 1
+        return super().__getitem__(index)
+
+
+def test_compact_boundary_tracker_searches_only_what_a_growing_conversation_gained() -> None:
+    """`CompactBoundary.after` equals `messages_after_compact_boundary` on every call, and searches
+    only the new messages of a conversation that grew by appending (whole again once rewritten)."""
+    tracker = CompactBoundary()
+    conversation: list[TranscriptMessage] = []
+    for step in range(60):
+        added: list[TranscriptMessage] = [u(f"q{step}"), a(f"r{step}")]
+        if step % 17 == 16:
+            added.append(SystemMessage(subtype="compact_boundary"))
+        conversation = [*conversation, *added]
+        if step == 40:  # a step rewrote the conversation: not a prefix any more
+            conversation = [u("rewritten"), *conversation[1:]]
+        counted = _CountingList(conversation)
+        _CountingList.reads = 0
+        assert tracker.after(counted) == messages_after_compact_boundary(conversation)
+        if step and step != 40:
+            assert _CountingList.reads <= len(added) + 1  # the new messages, and the prefix check's last one
+    assert tracker.after([]) == []

@@ -47,7 +47,7 @@ from queryloop.actors.query_loop.run import BudgetExceeded, Run
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
-from queryloop.runtime.loop.context import ContextLimits, collapse_may_stage
+from queryloop.runtime.loop.context import ContextLimits, OversizedResultScan, collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal
 from queryloop.runtime.loop.events import TranscriptMessage, UserMessage, api_error_message
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
@@ -60,9 +60,9 @@ from queryloop.runtime.loop.state import (
     next_turn,
 )
 from queryloop.runtime.loop.transcript import (
+    CompactBoundary,
     IncrementalNormalizer,
     build_system_prompt,
-    messages_after_compact_boundary,
     user_context_message,
 )
 
@@ -122,10 +122,13 @@ class QueryLoop(QueryLoopContext):
         """Made for the first query that has `agents` (a session without them never has one)."""
         self._run: Run | None = None
         self._queued: RunQuery | None = None
-        # Shared by the session's queries: a query's first request then normalises only what the
-        # conversation gained since the previous query's last one (made per query, every query of a long
-        # session would normalise the whole conversation again).
+        # Shared by the session's queries: a query's first request then normalises (scans for an
+        # oversized result, searches for a compact boundary) only what the conversation gained since
+        # the previous query's last one (made per query, every query of a long session would walk the
+        # whole conversation again).
         self._normalizer = IncrementalNormalizer()
+        self._oversized_scan = OversizedResultScan()
+        self._boundary = CompactBoundary()
         self._context: tuple[dict[str, str], UserMessage | None] = ({}, None)
         """The last user context and its message, kept while queries carry the same context."""
 
@@ -194,6 +197,7 @@ class QueryLoop(QueryLoopContext):
         return Run(
             options=options,
             normalizer=self._normalizer,
+            oversized_scan=self._oversized_scan,
             context_message=self._context_message(options.user_context),
             sink=message.sink,
             control=message.control,
@@ -291,7 +295,7 @@ class QueryLoop(QueryLoopContext):
     async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
         while True:
             await self._begin_iteration(run, state)
-            prepared = await self._prepare(run, messages_after_compact_boundary(state.messages))
+            prepared = await self._prepare(run, self._boundary.after(state.messages))
             if prepared is None:  # aborted while summarizing or compacting
                 return self._end_early(run, None, "aborted_streaming"), state
             messages_for_query = prepared.messages

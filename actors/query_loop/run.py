@@ -107,7 +107,8 @@ class Run:
     hook_errors: list[str] = field(default_factory=list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own."""
     oversized_scan: OversizedResultScan = field(default_factory=OversizedResultScan)
-    """Whether the conversation holds an oversized tool result, each message looked at once (`_prepare`)."""
+    """Whether the conversation holds an oversized tool result, each message looked at once (`_prepare`).
+    The session's, shared by its queries (`QueryLoop`), as `normalizer` is."""
     normalizer: IncrementalNormalizer = field(default_factory=IncrementalNormalizer)
     """Each request's `messages`: the previous request's, and only what is new normalised (`_request`).
     The session's, shared by its queries (`QueryLoop`): a query's first request normalises only what

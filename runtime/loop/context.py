@@ -140,7 +140,7 @@ def pipeline_needed(
     """Whether any step of the pipeline could change `messages` (False: the Compactor need not be asked).
 
     Below every threshold, with no oversized tool result and no snip configured, every
-    step is the identity; most iterations of most queries are there. `scan` (one per query)
+    step is the identity; most iterations of most queries are there. `scan` (one per session)
     looks at each message for an oversized result once, not at every call.
     """
     if snip_max_rounds is not None:
@@ -154,22 +154,27 @@ def pipeline_needed(
 class OversizedResultScan:
     """Whether a conversation holds a tool result over the size limit, looking only at what is new.
 
-    A query's conversation grows by appending between calls: the messages already looked at (and
+    A session's conversation grows by appending between calls: the messages already looked at (and
     found under the limit) are a prefix of the next call's, compared by identity first (a C-level
     pass), so each message is measured once, not once per call (a long conversation would make that
     quadratic: a list result's text is joined to be measured). A conversation rewritten by a step
-    (compaction, microcompact, a tombstone) is looked at whole again.
+    (compaction, microcompact, a tombstone), or a query with another limit, is looked at whole again.
     """
 
-    __slots__ = ("_clean",)
+    __slots__ = ("_clean", "_limit")
 
     def __init__(self) -> None:
         self._clean: list[TranscriptMessage] = []
-        """A prefix of the last conversation looked at, every tool result in it under the limit."""
+        """A prefix of the last conversation looked at, every tool result in it under `_limit`."""
+        self._limit = 0
 
     def found(self, messages: list[TranscriptMessage], limit: int) -> bool:
         clean = self._clean
-        start = len(clean) if clean and len(messages) >= len(clean) and messages[: len(clean)] == clean else 0
+        start = (
+            len(clean)
+            if clean and limit == self._limit and len(messages) >= len(clean) and messages[: len(clean)] == clean
+            else 0
+        )
         for message in messages[start:] if start else messages:
             if isinstance(message, UserMessage) and isinstance(message.content, list):
                 for block in message.content:
@@ -177,7 +182,7 @@ class OversizedResultScan:
                     if text is not None and len(text) > limit and not text.startswith("<persisted-output>"):
                         self._clean = []
                         return True
-        self._clean = list(messages)
+        self._clean, self._limit = list(messages), limit
         return False
 
 

@@ -61,6 +61,39 @@ def messages_after_compact_boundary(messages: list[TranscriptMessage]) -> list[T
     return messages
 
 
+class CompactBoundary:
+    """`messages_after_compact_boundary` for a conversation that grows between calls, looking only at
+    what is new.
+
+    A session's conversation grows by appending: when the last conversation looked at is a prefix of
+    this one (compared by identity first, a C-level pass), only the new messages are searched for a
+    boundary; otherwise (a step rewrote the conversation) it is searched whole. Without it every
+    model call of a long session would walk the whole history in Python.
+    """
+
+    __slots__ = ("_seen", "_start")
+
+    def __init__(self) -> None:
+        self._seen: list[TranscriptMessage] = []
+        self._start = 0
+        """Where what follows the last boundary of `_seen` begins."""
+
+    def after(self, messages: list[TranscriptMessage]) -> list[TranscriptMessage]:
+        seen = self._seen
+        known = len(seen)
+        if known and len(messages) >= known and messages[known - 1] is seen[-1] and messages[:known] == seen:
+            start = self._start
+            for index in range(len(messages) - 1, known - 1, -1):
+                message = messages[index]
+                if isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
+                    start = index + 1
+                    break
+        else:
+            start = len(messages) - len(messages_after_compact_boundary(messages))
+        self._seen, self._start = list(messages), start
+        return messages[start:] if start else messages
+
+
 def tool_use_ids(messages: list[AssistantMessage]) -> list[str]:
     return [b["id"] for m in messages for b in m.content if b.get("type") == "tool_use"]
 
