@@ -100,6 +100,47 @@ def test_a_query_streams_whole_with_the_same_events_as_on_trio(mode: Mode) -> No
     assert hops["hops_to_host"] < len(labels)  # events cross in batches
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_query_read_from_its_on_ready_callback_gives_the_events_async_for_gives(mode: Mode) -> None:
+    """`on_ready` + `take_ready`: every event once, in order, then None at the end; no task awaits them."""
+
+    def script() -> ScriptedModel:
+        return ScriptedModel([tools_reply(tool_use("t1", "add"), text="Adding."), text_reply("2 + 3 = 5")])
+
+    async def add(args: Any, ctx: ToolContext) -> ToolOutput:
+        return "5"
+
+    async def main() -> tuple[list[str], list[str], list[int]]:
+        async with AsyncioRuntime.open(mode=mode) as rt:
+            tools = [Tool(name="add", call=add)]
+            session = await rt.open_session(QueryOptions(provider=script(), tools=tools))
+            awaited = await labels_of(session.query("What is 2 + 3?"))
+            session = await rt.open_session(QueryOptions(provider=script(), tools=tools))
+            query = session.query("What is 2 + 3?")
+            forwarded: list[str] = []
+            batches: list[int] = []
+            ended = asyncio.get_running_loop().create_future()
+
+            def ready() -> None:
+                while (batch := query.take_ready()) is not None:
+                    if not batch:
+                        return
+                    batches.append(len(batch))
+                    forwarded.extend(event.label for event in batch)
+                ended.set_result(None)
+
+            query.on_ready(ready)
+            ready()
+            await ended
+            assert query.take_ready() is None and query.done
+            assert query.terminal is not None and query.terminal.reason == "completed"
+            return awaited, forwarded, batches
+
+    awaited, forwarded, batches = run(main)
+    assert forwarded == awaited and forwarded[-1] == "result"
+    assert len(batches) < len(forwarded)  # events arrive in batches, one call each
+
+
 def test_a_thousand_concurrent_queries_complete_in_few_hops() -> None:
     count = 1000
 

@@ -23,10 +23,12 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from queryloop import Runtime
 from queryloop.actors.query_loop.run import TRANSCRIPT_TYPES
-from queryloop.runtime.loop.events import AssistantMessage, TombstoneEvent, UserMessage
+from queryloop.runtime.loop import persistence
+from queryloop.runtime.loop.events import AssistantMessage, ResultMessage, TombstoneEvent, UserMessage
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import TranscriptLog, load_transcript
@@ -123,6 +125,7 @@ async def test_fsync_runs_off_the_trio_thread_at_each_continue_site_and_at_each_
     path = tmp_path / "t.jsonl"
     synced: list[set[str]] = []  # what the file held at each fsync
     trio_thread = threading.current_thread()
+    monkeypatch.setattr(persistence, "INLINE_FSYNC_S", 0.0)  # every fsync counts as slow: never inline
 
     def fsync(fd: int) -> None:
         assert threading.current_thread() is not trio_thread
@@ -157,6 +160,66 @@ async def test_fsync_runs_off_the_trio_thread_at_each_continue_site_and_at_each_
     assert set(uuids[:6]) <= synced[2] and uuids[6] not in synced[2]
     assert synced[3] == after_first
     assert synced[4] == everything
+
+
+async def test_an_fsync_faster_than_a_thread_hop_runs_inline_until_one_is_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trio_thread = threading.current_thread()
+    inline: list[bool] = []
+
+    def fsync(fd: int) -> None:
+        inline.append(threading.current_thread() is trio_thread)
+
+    monkeypatch.setattr(TranscriptLog, "fsync", staticmethod(fsync))
+    log = TranscriptLog(tmp_path / "t.jsonl", "s-1")
+    monkeypatch.setattr(persistence, "INLINE_FSYNC_S", 3600.0)  # every fsync counts as fast
+    await log.flush()  # the session record: nothing measured yet, so in a thread
+    log.append(UserMessage(content="one"))
+    await log.flush()  # the last one was fast: inline
+    monkeypatch.setattr(persistence, "INLINE_FSYNC_S", 0.0)  # from now on every fsync counts as slow
+    log.append(UserMessage(content="two"))
+    assert log.sync_now()  # still inline (the last one was fast), and measured slow
+    log.append(UserMessage(content="three"))
+    assert not log.sync_now()  # slow last time: left to flush(), which goes to a thread
+    await log.flush()
+    await log.flush()  # nothing new: no fsync
+    log.close()
+    assert inline == [False, True, True, False]
+    assert [json.loads(line).get("content") for line in (tmp_path / "t.jsonl").read_bytes().splitlines()][1:] == [
+        "one",
+        "two",
+        "three",
+    ]
+
+
+async def test_an_abort_ends_a_transcribed_query_in_its_own_call_when_its_fsync_runs_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the transcript's fsync inline, the abort's own call ends the query: the `result` is in the
+    handle's buffer, and its records on disk, before any task runs (no hop to a thread and back)."""
+    monkeypatch.setattr(persistence, "INLINE_FSYNC_S", 3600.0)
+    path = tmp_path / "t.jsonl"
+    model = ScriptedModel([tools_reply(tool_use("t1", "slow"))])
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(
+            QueryOptions(provider=model, tools=[scripted_tool("slow", latency=3600)]), transcript=path
+        )
+        handle = session.query("Go")
+        async for event in handle:
+            if isinstance(event, AssistantMessage):
+                break
+        await trio.testing.wait_all_tasks_blocked()  # the tool runs
+        session.abort_nowait()
+        buffered = list(handle._events.items)  # what the consumer would take next, now
+        assert any(isinstance(item, ResultMessage) for item in buffered)
+        results = [m for m in buffered if isinstance(m, UserMessage)]
+        assert results and results[0].uuid in logged_uuids(path)
+        await handle.wait()
+        assert handle.terminal is not None and handle.terminal.reason == "aborted_tools"
+        assert session.live_tasks() == 0
+        assert transcript_problems(await session.transcript()) == []
+        await session.close()
 
 
 def held_response_log(path: Path) -> tuple[list[Any], UserMessage]:
@@ -208,6 +271,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 import trio
+import trio.testing
 
 from queryloop import Runtime
 from queryloop.runtime.loop.options import QueryOptions

@@ -67,9 +67,10 @@ class QueryLoopEnding(QueryLoopTurns):
 
         Run once the abort's handlers have returned (`after_handlers`), before any task runs:
         the turn is ended exactly as the loop's task would end it (`_end_early`), and where
-        nothing has to be awaited first (no transcript to flush, the BudgetGuard answering at
-        once) the `result` follows. The consumer then has it one scheduler pass sooner than if the
-        loop's task had to wake up to write it; that task, when it runs, finds the query ended
+        nothing has to be awaited first (no transcript, or one whose fsync runs inline, and the
+        BudgetGuard answering at once) the `result` follows. The consumer then has it one
+        scheduler pass sooner than if the loop's task had to wake up to write it (more, with a
+        transcript fsynced off the trio thread); that task, when it runs, finds the query ended
         and only stops the helpers and ends the stream (or sends the result, if it is left).
         """
         turn = run.turn
@@ -80,8 +81,8 @@ class QueryLoopEnding(QueryLoopTurns):
         self._drain_in_ending(run, turn)
         run.terminal = self._end_early(run, turn, abort_terminal(turn.ended is not None, bool(turn.tool_ids)))
         run.control.decided = True
-        if self.transcript is not None:
-            return
+        if self.transcript is not None and not self.transcript.sync_now():
+            return  # its fsync goes to a worker thread: the loop's task awaits it, then sends the result
         totals = self._settle(run)
         if isinstance(totals, BudgetStatus):
             self._send_outcome(run, run.terminal, run.turn_count, totals)

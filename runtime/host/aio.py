@@ -21,32 +21,31 @@ A thin layer over the trio `Runtime`, `Session` and `QueryHandle`, through `aio_
   of its cleanup again (Starlette) cannot lose it. The pump then drains the query without delivering.
 * Async tools run on the host's loop (`Tool.runs_on`: "asyncio", or None under this runtime) as
   asyncio tasks; an abort answers the tool at once on the trio side and cancels its task.
-Imports `host.aio_bridge`, `host.session`, `loop`.
+Imports `host.aio_bridge`, `host.aio_pipe`, `host.session`, `loop`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections import deque
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Self
 
-import trio
 from loguru import logger
 
 from queryloop.runtime.errors import QueryloopError, RuntimeClosed, SessionClosed
 from queryloop.runtime.host.aio_bridge import Bridge, Mode, host_tool
+from queryloop.runtime.host.aio_pipe import Pipe
 from queryloop.runtime.loop.events import ResultMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.tools import Tool
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
     from pathlib import Path
     from types import TracebackType
 
-    from queryloop.runtime.host.session import QueryHandle, Session
+    from queryloop.runtime.host.session import Session
     from queryloop.runtime.kernel.messages import AbortAck, AbortReason
     from queryloop.runtime.loop.events import Block, QueryEvent, TranscriptMessage
     from queryloop.runtime.loop.state import ContinueReason, Terminal
@@ -189,7 +188,7 @@ class AsyncioSession:
             msg = f"session {self.id} is closed"
             raise SessionClosed(msg)
         overrides = self._runtime._hosted_overrides(overrides)  # noqa: SLF001 - the facade's own parts
-        pipe = _Pipe(self._bridge, self.session)
+        pipe = Pipe(self._bridge, self.session)
         self._bridge.to_trio(lambda: pipe.submit(prompt, overrides))
         self._bridge.pipes.add(pipe)
         return AsyncioQuery(pipe)
@@ -221,150 +220,12 @@ class AsyncioSession:
         await self._bridge.acall(self.session.close)
 
 
-class _Pipe:
-    """One query's events between its trio pump and its asyncio consumer. The consumer-facing
-    `AsyncioQuery` holds it, never the other way round: a query dropped unread is collected, and
-    its finalizer aborts the query."""
-
-    def __init__(self, bridge: Bridge, session: Session) -> None:
-        self.bridge = bridge
-        self.session = session
-        self.handle: QueryHandle | None = None
-        # Host side.
-        self.buffer: deque[QueryEvent] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-        self.ended = False
-        self.error: BaseException | None = None
-        self.end: asyncio.Future[None] | None = None
-        self.consumed = 0
-        self.gone = False
-        self.terminal: Terminal | None = None
-        self.transitions: list[ContinueReason] = []
-        self.result: ResultMessage | None = None
-        self.settled: tuple[Terminal | None, list[ContinueReason], ResultMessage | None] = (None, [], None)
-        """How the query ended, as its pump saw it (read once the consumer has left)."""
-        # Trio side.
-        self.delivered = 0
-        self.parked: trio.Event | None = None
-
-    # -- trio side ------------------------------------------------------------------------
-
-    def submit(self, prompt: str | list[Block], overrides: dict[str, Any]) -> None:
-        bridge = self.bridge
-        try:
-            self.handle = self.session.query(prompt, **overrides)
-        except Exception as error:  # noqa: BLE001 - the consumer's first wait raises it
-            bridge.to_host(self.failed, error)
-            return
-        if bridge.nursery is None or bridge.draining:
-            bridge.to_host(self.failed, RuntimeClosed("the asyncio runtime is closed"))
-            return
-        bridge.pumps.add(self)
-        bridge.nursery.start_soon(self.pump, self.handle)
-
-    async def pump(self, handle: QueryHandle) -> None:
-        bridge = self.bridge
-        limit = handle.event_buffer
-        try:
-            while batch := await handle.next_batch():
-                if self.gone:
-                    continue  # the consumer left: the query ends (aborted), nothing more is delivered
-                if handle.result is not None:
-                    # The result: it crosses with the end of the stream (right after it), in one hop.
-                    while await handle.next_batch():
-                        pass
-                    break
-                self.delivered += len(batch)
-                bridge.to_host(self.receive, batch)
-                while self.delivered - self.consumed >= limit and not self.gone and not bridge.draining:
-                    parked = self.parked = trio.Event()
-                    if self.delivered - self.consumed < limit:  # consumed meanwhile (thread mode)
-                        break
-                    await parked.wait()
-            else:
-                batch = []
-        except Exception as error:  # noqa: BLE001 - the consumer's next wait raises it
-            bridge.to_host(self.failed, error)
-            return
-        except BaseException:
-            bridge.to_host(self.failed, RuntimeClosed("the asyncio runtime closed during the query"))
-            raise
-        finally:
-            self.parked = None
-            bridge.pumps.discard(self)
-        bridge.to_host(self.finish, [] if self.gone else batch, handle.terminal, handle.transitions, handle.result)
-
-    def unpark(self) -> None:
-        parked, self.parked = self.parked, None
-        if parked is not None:
-            parked.set()
-
-    def abandon(self, reason: AbortReason) -> None:
-        """The consumer is gone (or asked to abort): abort the query if it still runs."""
-        handle = self.handle
-        if handle is not None and not handle.done and handle.abort_reason is None:
-            self.session.abort_nowait(reason)
-        if self.gone:
-            self.unpark()
-
-    # -- host side ------------------------------------------------------------------------
-
-    def receive(self, batch: list[QueryEvent]) -> None:
-        self.buffer.extend(batch)
-        self.wake()
-
-    def finish(
-        self,
-        batch: list[QueryEvent],
-        terminal: Terminal | None,
-        transitions: list[ContinueReason],
-        result: ResultMessage | None,
-    ) -> None:
-        self.buffer.extend(batch)
-        self.settled = (terminal, transitions, result)
-        if self.gone:
-            self.terminal, self.transitions, self.result = self.settled
-        self.ended = True
-        self.bridge.pipes.discard(self)
-        self.wake()
-        if self.end is not None and not self.end.done():
-            self.end.set_result(None)
-
-    def failed(self, error: BaseException) -> None:
-        self.error = error
-        self.finish([], None, [], None)
-
-    def runtime_finished(self) -> None:
-        if not self.ended:
-            self.failed(RuntimeClosed("the asyncio runtime closed during the query"))
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def leave(self, reason: AbortReason = "user") -> None:
-        """The consumer goes away: hand the abort to trio now (synchronously, before any await)."""
-        if self.gone:
-            return
-        self.gone = True
-        self.buffer.clear()
-        if self.ended:  # it ended unread: how, the pump said
-            if self.result is None:
-                self.terminal, self.transitions, self.result = self.settled
-            return
-        try:
-            self.bridge.send(lambda: self.abandon(reason))
-        except RuntimeClosed:
-            pass
-
-
 class AsyncioQuery:
     """A query's events: `async for event in query`; `await query.result()`; `query.terminal`;
     `query.abort()` from any task or thread. `async with query:` aborts it when the block is left
     early; a consumer cancelled while it waits for an event aborts it too."""
 
-    def __init__(self, pipe: _Pipe) -> None:
+    def __init__(self, pipe: Pipe) -> None:
         self._pipe = pipe
 
     @property
@@ -431,6 +292,41 @@ class AsyncioQuery:
             pipe.result, pipe.terminal, pipe.transitions = last, handle.terminal, handle.transitions
         if pipe.parked is not None:
             pipe.bridge.send(pipe.unpark)  # the pump waits for this consumer: it may go on
+        return batch
+
+    def on_ready(self, listener: Callable[[], object] | None) -> None:
+        """Call `listener()` on the host's loop whenever events arrive or the stream ends, then read
+        them with `take_ready`: for a consumer that forwards events from a callback (a Ray shard),
+        which costs no task step and no loop iteration per batch, as awaiting `next_batch` would.
+        Events already buffered do not call it: call `take_ready` once after setting it."""
+        self._pipe.listener = listener
+
+    def take_ready(self) -> list[QueryEvent] | None:
+        """Every event buffered now, without waiting: [] when none is, None once the stream has ended
+        (its error, if it failed, raised once). The `result` is kept as `next_batch` keeps it."""
+        pipe = self._pipe
+        buffer = pipe.buffer
+        if not buffer:
+            if pipe.ended:
+                if pipe.error is not None:
+                    error, pipe.error = pipe.error, None
+                    raise error
+                return None
+            if pipe.gone:
+                return None
+            if pipe.parked is not None:
+                pipe.bridge.send(pipe.unpark)  # the pump waits for this consumer: it may go on
+            return []
+        batch = list(buffer)
+        buffer.clear()
+        pipe.consumed += len(batch)
+        last = batch[-1]
+        if type(last) is ResultMessage:
+            handle = pipe.handle
+            assert handle is not None
+            pipe.result, pipe.terminal, pipe.transitions = last, handle.terminal, handle.transitions
+        if pipe.parked is not None:
+            pipe.bridge.send(pipe.unpark)
         return batch
 
     async def result(self) -> ResultMessage:

@@ -26,7 +26,9 @@ The rule (docs/design.md, "Durability"): nothing the consumer saw is lost to a c
   holds is written before any model request goes out.
 * `flush()` writes, then fsyncs in a worker thread (the trio thread never waits on the disk):
   at each continue site and at the end of a query, before its `result`; so a machine that
-  loses power loses at most the turn in progress.
+  loses power loses at most the turn in progress. An fsync measured faster than a thread hop
+  (`INLINE_FSYNC_S`: a tmpfs, a write-back cache) runs inline instead, until one is slow again;
+  `sync_now()` is that inline path alone (an abort ends its query inside its own call with it).
 
 Every write happens on the trio thread, in the order of the appends: the worker thread only
 fsyncs, so a write can never overtake another.
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +68,11 @@ _RELEASE = b'{"type":"release"}\n'
 
 INTERRUPTED_BY_CRASH = "Interrupted: the session ended before this tool returned"
 """The synthetic result of a tool_use that a crash left without one."""
+
+INLINE_FSYNC_S = 0.0002
+"""An fsync faster than this (a tmpfs, a write-back cache) runs inline the next time: a hop to a worker
+thread and back costs more (a GIL handoff and a scheduler pass or two, several ms on a busy run), and
+an aborted query's result waits for its transcript's fsync. Slow (a disk), it goes back to the thread."""
 
 _MESSAGE_TYPES = frozenset({"user", "assistant", "system", "attachment"})
 _messages: TypeAdapter[TranscriptMessage] = TypeAdapter(TranscriptMessage)
@@ -100,6 +108,8 @@ class TranscriptLog:
         self._unsynced = False
         """Something was written since the last fsync began."""
         self._lock = trio.Lock()
+        self._inline = False
+        """The last fsync took less than `INLINE_FSYNC_S`: the next runs on the trio thread."""
         size = os.fstat(self._fd).st_size
         self.is_new = size == 0
         """The file was empty when opened: it holds nothing but what this log writes."""
@@ -142,19 +152,41 @@ class TranscriptLog:
         self._unsynced = True
         _write_all(self._fd, data)
 
+    def sync_now(self) -> bool:
+        """`write()`, then fsync inline if the last fsync was fast (`INLINE_FSYNC_S`): True when the
+        file is on disk on return (or nothing was unsynced), False when `flush()` must do it.
+        """
+        self.write()
+        if not self._unsynced or self._fd is None:
+            return True
+        if not self._inline or self._lock.locked():
+            return False
+        self._unsynced = False
+        self._inline = self._timed_fsync(self._fd) < INLINE_FSYNC_S
+        return True
+
     async def flush(self) -> None:
-        """`write()`, then fsync off the trio thread (skipped if nothing was written since the last).
+        """`write()`, then fsync (skipped if nothing was written since the last): inline when the last
+        one was fast, else off the trio thread.
 
         On disk when this returns. Shielded from cancellation: an fsync is bounded by the disk,
         not by anything that can hang, and a caller cut mid-way would not know what is durable.
         """
-        self.write()
+        if self.sync_now():
+            return
         with trio.CancelScope(shield=True):
             async with self._lock:
                 if not self._unsynced or self._fd is None:
                     return
                 self._unsynced = False  # what is written from now on waits for the next fsync
-                await trio.to_thread.run_sync(type(self).fsync, self._fd)
+                elapsed = await trio.to_thread.run_sync(self._timed_fsync, self._fd)
+                self._inline = elapsed < INLINE_FSYNC_S
+
+    @classmethod
+    def _timed_fsync(cls, fd: int) -> float:
+        start = time.perf_counter()
+        cls.fsync(fd)
+        return time.perf_counter() - start
 
     def close(self) -> None:
         """Write what is still buffered (not fsynced: this must not wait on the disk), then close. Idempotent."""
@@ -207,6 +239,9 @@ class SidechainLog(TranscriptLog):
 
     def write(self) -> None:
         self._parent.write()
+
+    def sync_now(self) -> bool:
+        return self._parent.sync_now()
 
     async def flush(self) -> None:
         await self._parent.flush()

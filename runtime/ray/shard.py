@@ -8,8 +8,8 @@ first call of the default group (`info`, which `ShardedRuntime.start` makes).
 * `open_session(key, spec, resume)`: the factory (`"module:function"`, imported here) builds the
   `QueryOptions` from the JSON-able spec: providers, tools and hooks never cross a process. The
   transcript is `transcript_dir/KEY.jsonl`; `resume` restores the session (and its id) from it.
-* `submit([Submission])`: each query is served by an asyncio task that reads its events in batches
-  and hands them, filtered by its `events` mode, to the outbox of the driver's stream.
+* `submit([Submission])`: each query's events are forwarded, filtered by its `events` mode, to the
+  outbox of the driver's stream by a callback of the facade (`AsyncioQuery.on_ready`), not a task.
 * `events(stream)`: one Ray streaming generator per driver: at most one object per `batch_ms`, carrying
   what every query of that driver produced since the last one (at once when the stream was idle, or
   for the end of a query the driver aborted).
@@ -41,6 +41,7 @@ from loguru import logger
 
 from queryloop.runtime.errors import FactoryError, RuntimeClosed
 from queryloop.runtime.host.aio import AsyncioRuntime
+from queryloop.runtime.loop.events import ResultMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.ray.wire import CONTROL, DELTAS, Ending, Entry, SessionNotHere, encode, method, portable
 
@@ -64,40 +65,106 @@ class _Hosted:
 
 
 class _Outbox:
-    """What one driver's stream has not shipped yet."""
+    """What one driver's stream has not shipped yet, and the one wait of its stream.
+
+    The stream waits on a bare future that `put` resolves, or a timer: awaited, an `asyncio.Event`
+    inside `wait_for` costs two more turns of the shard's loop, each behind a tick of the trio run.
+    """
 
     def __init__(self, max_buffered: int) -> None:
         self.entries: list[Entry] = []
         self.events = 0
         self.max_buffered = max_buffered
-        self.ready = asyncio.Event()
-        self.hurry = asyncio.Event()
-        """Set when an entry must not wait out the window (an aborted query's end)."""
-        self.room = asyncio.Event()
-        self.room.set()
+        self.hurried = False
+        """An entry must not wait out the window (an aborted query's end)."""
         self.closed = False
+        self.paused: list[_Forward] = []
+        """Queries that stopped forwarding while the outbox was full: resumed by `take`."""
+        self._waiter: asyncio.Future[None] | None = None
+        self._wake_on_any = False
+
+    @property
+    def full(self) -> bool:
+        return self.events >= self.max_buffered
 
     def put(self, entry: Entry, hurry: bool = False) -> None:
         self.entries.append(entry)
         self.events += len(entry[1])
-        if self.events >= self.max_buffered:
-            self.room.clear()
-        self.ready.set()
-        if hurry:
-            self.hurry.set()
+        self.hurried = self.hurried or hurry
+        if self._wake_on_any or hurry or self.events >= self.max_buffered:
+            self._wake()
 
     def take(self) -> list[Entry]:
         entries, self.entries, self.events = self.entries, [], 0
-        self.ready.clear()
-        self.hurry.clear()
-        self.room.set()
+        self.hurried = False
+        paused, self.paused = self.paused, []
+        for forward in paused:
+            forward()
         return entries
 
     def close(self) -> None:
         self.closed = True
-        self.ready.set()
-        self.hurry.set()
-        self.room.set()
+        self._wake()
+
+    async def wait(self, *, any_entry: bool, window: float | None = None) -> None:
+        """Until an entry comes (`any_entry`), or one that must not wait (a hurried one, a full outbox,
+        the close), or `window` seconds."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        self._wake_on_any = any_entry
+        timer = loop.call_later(window, self._wake) if window is not None else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class _Forward:
+    """One query's events, forwarded to its driver's outbox from the facade's callback (`on_ready`):
+    no task per query, no turn of the loop per batch. It pauses while the outbox is full (the driver
+    lags: the query's pump, then its loop, wait) and ends with the query's `Ending` or error."""
+
+    __slots__ = ("hosted", "outbox", "query", "shard", "sub")
+
+    def __init__(self, shard: Shard, sub: Submission, hosted: _Hosted, query: AsyncioQuery, outbox: _Outbox) -> None:
+        self.shard = shard
+        self.sub = sub
+        self.hosted = hosted
+        self.query = query
+        self.outbox = outbox
+
+    def __call__(self) -> None:
+        outbox, query, mode = self.outbox, self.query, self.sub.events
+        while not outbox.full:
+            try:
+                batch = query.take_ready()
+            except Exception as error:  # noqa: BLE001 - the driver's consumer raises it
+                self._end(None, portable(error))
+                return
+            if batch is None:
+                self._end(Ending(query.terminal, query.transitions), None)
+                return
+            if not batch:
+                return
+            if mode == "messages":
+                batch = [event for event in batch if not isinstance(event, DELTAS)]
+            elif mode == "result":
+                batch = [event for event in batch if type(event) is ResultMessage]
+            if batch:
+                outbox.put((self.sub.qid, batch, None, None))
+        if self not in outbox.paused:
+            outbox.paused.append(self)
+
+    def _end(self, ending: Ending | None, error: BaseException | None) -> None:
+        self.query.on_ready(None)
+        self.shard._ended(self, ending, error)  # noqa: SLF001 - its own shard
 
 
 class Shard:
@@ -126,7 +193,10 @@ class Shard:
         """Running queries the driver aborted: their ends ship at once, without waiting out the window."""
         self._abort_lock = threading.Lock()
         """Between the control lane's thread and the runtime's loop: which query runs, early aborts, aborted."""
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._forwards: set[_Forward] = set()
+        """The queries whose ends are not in their outboxes yet."""
+        self._idle: asyncio.Event | None = None
+        """Set when the last of `_forwards` ends (made by `shutdown`)."""
 
     async def _rt(self) -> AsyncioRuntime:
         if self._runtime is None:
@@ -212,11 +282,9 @@ class Shard:
     async def submit(self, submissions: list[Submission]) -> None:
         """Start the queries (in order); their events and ends go to their drivers' streams."""
         for submission in submissions:
-            task = asyncio.get_running_loop().create_task(self._serve(submission))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(submission)
 
-    async def _serve(self, sub: Submission) -> None:
+    def _start(self, sub: Submission) -> None:
         outbox = self._outboxes.get(sub.stream)
         if outbox is None:
             outbox = self._outboxes[sub.stream] = _Outbox(self.max_buffered)
@@ -233,27 +301,23 @@ class Shard:
                 self._aborted.add(sub.qid)
         if early is not None:
             query.abort(early)
-        try:
-            async with query:
-                if sub.events == "result":
-                    outbox.put((sub.qid, [await query.result()], None, None))
-                else:
-                    while batch := await query.next_batch():
-                        if sub.events == "messages":
-                            batch = [event for event in batch if not isinstance(event, DELTAS)]
-                        if batch:
-                            outbox.put((sub.qid, batch, None, None))
-                        if not outbox.room.is_set():
-                            await outbox.room.wait()  # the driver lags: this query waits, so does its loop
+        forward = _Forward(self, sub, hosted, query, outbox)
+        self._forwards.add(forward)
+        query.on_ready(forward)
+        forward()
+
+    def _ended(self, forward: _Forward, ending: Ending | None, error: BaseException | None) -> None:
+        """A query's end (or error) into its outbox: at once, not after the window, if the driver aborted it."""
+        sub, hosted = forward.sub, forward.hosted
+        with self._abort_lock:
             hurry = sub.qid in self._aborted
-            outbox.put((sub.qid, [], Ending(query.terminal, query.transitions), None), hurry)
-        except Exception as error:  # noqa: BLE001 - the driver's consumer raises it
-            outbox.put((sub.qid, [], None, portable(error)), sub.qid in self._aborted)
-        finally:
-            with self._abort_lock:
-                self._aborted.discard(sub.qid)
-                if hosted.running is not None and hosted.running[0] == sub.qid:
-                    hosted.running = None
+            self._aborted.discard(sub.qid)
+            if hosted.running is not None and hosted.running[0] == sub.qid:
+                hosted.running = None
+        forward.outbox.put((sub.qid, [], ending, error), hurry)
+        self._forwards.discard(forward)
+        if not self._forwards and self._idle is not None:
+            self._idle.set()
 
     @method(num_returns="streaming")
     async def events(self, stream: str) -> AsyncIterator[bytes]:
@@ -265,19 +329,17 @@ class Shard:
         shipped = 0.0
         try:
             while True:
-                await outbox.ready.wait()
+                if not outbox.entries and not outbox.closed:
+                    await outbox.wait(any_entry=True)
                 if outbox.closed:
                     if outbox.entries:
                         yield encode(outbox.take())
                     return
                 wait = shipped + self.batch_s - loop.time()
-                if wait > 0 and outbox.room.is_set() and not outbox.hurry.is_set():
+                if wait > 0 and not outbox.full and not outbox.hurried:
                     # At most one object a window: what comes meanwhile ships along; an aborted
                     # query's end ships at once.
-                    try:
-                        await asyncio.wait_for(outbox.hurry.wait(), wait)
-                    except TimeoutError:
-                        pass
+                    await outbox.wait(any_entry=False, window=wait)
                 shipped = loop.time()
                 yield encode(outbox.take())
         finally:
@@ -316,7 +378,8 @@ class Shard:
         if runtime is not None:
             await runtime.aclose()
         self._sessions.clear()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks))  # every query's end is in its outbox
+        if self._forwards:
+            self._idle = asyncio.Event()
+            await self._idle.wait()  # every query's end is in its outbox
         for outbox in self._outboxes.values():
             outbox.close()
