@@ -240,6 +240,38 @@ def test_a_killed_shard_ends_its_queries_with_shard_lost_and_the_session_resumes
     sharded(tmp_path, main)
 
 
+def test_a_shard_restarted_by_ray_comes_back_empty_says_so_and_takes_sessions_again(tmp_path: Path) -> None:
+    async def main(rt: ShardedRuntime) -> None:
+        victim = await rt.open_session({"kind": "block"}, key="victim")
+        other = await rt.open_session({"replies": ["still here"]})
+        before = rt.shards[victim.shard]
+        query = victim.query("block")
+        await until_tool_runs(query)
+        os.kill(before["pid"], signal.SIGKILL)
+        with pytest.raises(ShardLost):
+            await query.result()
+
+        async def back() -> bool:
+            return bool(rt.shards[victim.shard]["alive"])
+
+        await until(back)  # Ray starts a new process for the actor; the runtime watches for it
+        after = rt.shards[victim.shard]
+        assert after["incarnation"] != before["incarnation"] and after["pid"] != before["pid"]
+        reports = {report["index"]: report for report in await rt.shard_info()}
+        assert reports[victim.shard]["restarted"] and reports[victim.shard]["sessions"] == 0
+        assert not reports[other.shard]["restarted"] and reports[other.shard]["sessions"] == 1
+        with pytest.raises(ShardLost):
+            victim.query("again")  # the session was on the old incarnation: resume it
+        resumed = await rt.resume("victim", {"replies": ["after the restart"]})
+        assert resumed.id == victim.id and resumed.shard == other.shard  # not where it was lost
+        assert (await resumed.query("go on", events="result").result()).result == "after the restart"
+        fresh = await rt.open_session({"replies": ["new"]})
+        assert fresh.shard == victim.shard  # the restarted shard, empty, is the least loaded
+        assert (await fresh.query("hi", events="result").result()).result == "new"
+
+    sharded(tmp_path, main, max_restarts=1)
+
+
 def test_a_factory_that_raises_gives_a_clear_error_on_open_session(tmp_path: Path) -> None:
     async def main(rt: ShardedRuntime) -> None:
         with pytest.raises(FactoryError, match=r"tests.ray_factory:options.*raised ValueError\('no such agent'\)"):

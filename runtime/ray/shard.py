@@ -27,6 +27,7 @@ Imports `queryloop.runtime.host.aio` and `queryloop.runtime.ray.wire`.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import os
 import secrets
@@ -204,8 +205,11 @@ class Shard:
                 self._starting = asyncio.Lock()
             async with self._starting:
                 if self._runtime is None:
-                    # A shard owns its worker process: the runtime's collector thresholds are its to set.
+                    # A shard owns its worker process: the runtime's collector thresholds are its to set,
+                    # and what is built by now (Ray's heap, the imports) is frozen out of the collector's
+                    # walks: a full collection otherwise pauses every session of the shard for tens of ms.
                     self._runtime = await AsyncioRuntime.start(mode="guest", tune_gc=True)
+                    gc.freeze()
                     self.log.info("shard {} runs its runtime (pid {})", self.index, os.getpid())
         return self._runtime
 
