@@ -424,3 +424,23 @@ def test_a_text_block_cut_by_the_end_of_the_stream_is_joined_and_dropped_with_it
     assembler.feed({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "cut"}})
     assert assembler.close_truncated() == []  # only a tool_use is answered; a cut text is not kept
     assert assembler._pieces == {} and assembler._piece_field == {} and assembler._open == {}
+
+
+def test_a_delta_after_its_block_stopped_extends_nothing_even_after_a_run_of_deltas() -> None:
+    """A run of deltas of one block takes the assembler's short path; its block's stop ends that path,
+    so a stray delta for the stopped block is ignored as any delta for an unopened block is."""
+    assembler = ResponseAssembler()
+    assembler.feed({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+    for piece in ("a", "b", "c"):
+        assembler.feed({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}})
+    done = assembler.feed({"type": "content_block_stop", "index": 0})
+    assert done is not None and done.block == {"type": "text", "text": "abc"}
+    assert (
+        assembler.feed({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}})
+        is None
+    )
+    assert done.block == {"type": "text", "text": "abc"} and assembler._pieces == {}
+    assembler.feed({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": "d"}})
+    assembler.feed({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "e"}})
+    second = assembler.feed({"type": "content_block_stop", "index": 1})
+    assert second is not None and second.block == {"type": "text", "text": "de"}

@@ -141,13 +141,14 @@ class EventChannel(Generic[T]):
         if self._closed:
             return False
         self._receiver = current_task()
-
-        def abort(_: RaiseCancelT) -> Abort:
-            self._receiver = None
-            return Abort.SUCCEEDED
-
-        await wait_task_rescheduled(abort)
+        await wait_task_rescheduled(self._forget_receiver)
         return bool(self.items)
+
+    def _forget_receiver(self, _: RaiseCancelT) -> Abort:
+        # `wait`'s abort function: a method, not a closure made at every wait (a wait per streamed
+        # event, when they come one at a time).
+        self._receiver = None
+        return Abort.SUCCEEDED
 
     def wake_receiver(self) -> None:
         """Wake the consumer if it waits in `wait()`, with nothing new (its `wait` then answers whether

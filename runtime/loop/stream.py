@@ -60,12 +60,23 @@ class ResponseAssembler:
     _pieces: dict[int, list[str]] = field(default_factory=dict)
     """Per open block, the pieces of the string its deltas extend (`STREAMED_FIELD`), joined at completion."""
     _piece_field: dict[int, str] = field(default_factory=dict)
+    _last_index: int = -1
+    """The block the last string delta extended, its delta type, field and pieces: the next delta of the
+    same block and type (nearly every event of a reply) is one append, without the lookups of `_delta`."""
+    _last_kind: str = ""
+    _last_key: str = ""
+    _last_pieces: list[str] = field(default_factory=list)
 
     def feed(self, event: dict[str, Any]) -> CompletedBlock | None:
         """Take one raw event; return the block it completed, if any."""
         kind = event.get("type")
         if kind == "content_block_delta":
-            self._delta(event["index"], event["delta"])
+            delta = event["delta"]
+            index = event["index"]
+            if index == self._last_index and delta.get("type") == self._last_kind:
+                self._last_pieces.append(delta.get(self._last_key, ""))
+                return None
+            self._delta(index, delta)
         elif kind == "content_block_start":
             index = event["index"]
             block = self._open[index] = dict(event["content_block"])
@@ -76,6 +87,7 @@ class ResponseAssembler:
         elif kind == "content_block_stop":
             return self._complete(event["index"])
         elif kind == "message_start":
+            self._last_index = -1
             message = event["message"]
             self.message_id = message.get("id", "")
             self.model = message.get("model", "")
@@ -124,6 +136,7 @@ class ResponseAssembler:
                 pieces = self._pieces[index] = [block.get(key) or ""]  # what the block's start carried first
                 self._piece_field[index] = key
             pieces.append(delta.get(key, ""))
+            self._last_index, self._last_kind, self._last_key, self._last_pieces = index, kind, key, pieces  # type: ignore[assignment]
         elif kind == "input_json_delta":
             self._json[index].append(delta.get("partial_json", ""))
         elif kind == "signature_delta":
@@ -135,6 +148,8 @@ class ResponseAssembler:
             citations.append(delta.get("citation"))
 
     def _join(self, index: int, block: Block) -> Block:
+        if index == self._last_index:
+            self._last_index = -1
         pieces = self._pieces.pop(index, None)
         if pieces is not None:
             block[self._piece_field.pop(index)] = "".join(pieces)
