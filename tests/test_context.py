@@ -39,6 +39,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.transcript import messages_after_compact_boundary, transcript_problems
 from tests.blocks import text, tool_result, tool_use
+from tests.helpers import count_size_measures
 
 MODEL = "claude-sonnet-4-5"
 
@@ -745,14 +746,7 @@ def test_the_oversized_result_scan_measures_each_message_once_as_the_conversatio
 ) -> None:
     from queryloop.runtime.loop import context
 
-    measured: list[str] = []
-    real = context._result_text
-
-    def counting(block: Block) -> str | None:
-        measured.append(block.get("tool_use_id", ""))
-        return real(block)
-
-    monkeypatch.setattr(context, "_result_text", counting)
+    measured = count_size_measures(monkeypatch)
     scan = context.OversizedResultScan()
     conversation: list[TranscriptMessage] = [UserMessage(content="go")]
     for index in range(5):

@@ -35,7 +35,7 @@ from queryloop.runtime.loop.transcript import (
     user_context_message,
 )
 from tests.blocks import text, tool_result, tool_use
-from tests.helpers import assert_settled, run_query, scripted_tool, text_reply, tools_reply
+from tests.helpers import assert_settled, count_size_measures, run_query, scripted_tool, text_reply, tools_reply
 from tests.helpers import tool_use as scripted_use
 
 # -- conversations ------------------------------------------------------------------------------
@@ -377,16 +377,7 @@ async def test_a_long_session_scans_each_tool_result_for_its_size_a_bounded_numb
 ) -> None:
     """30 queries of one session, a tool call each: the oversized-result scan is the session's (as its
     normaliser is), so a query's first call measures only the results gained since the query before."""
-    from queryloop.runtime.loop import context as context_rules
-
-    measured: list[str] = []
-    real = context_rules._result_text
-
-    def counting(block: Any) -> str | None:
-        measured.append(block.get("tool_use_id", ""))
-        return real(block)
-
-    monkeypatch.setattr(context_rules, "_result_text", counting)
+    measured = count_size_measures(monkeypatch)
     queries = 30
     replies: list[dict[str, Any]] = []
     for number in range(queries):

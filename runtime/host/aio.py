@@ -249,50 +249,21 @@ class AsyncioQuery:
         pipe = self._pipe
         buffer = pipe.buffer
         while not buffer:
-            if pipe.ended:
-                if pipe.error is not None:
-                    error, pipe.error = pipe.error, None
-                    raise error
+            if pipe.over():
                 raise StopAsyncIteration
-            if pipe.gone:
-                raise StopAsyncIteration
-            if pipe.parked is not None:
-                pipe.bridge.send(pipe.unpark)  # the pump waits for this consumer: it may go on
-            waiter = pipe.waiter = pipe.bridge.loop.create_future()
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                pipe.leave("user")  # the consumer is cancelled: the query is aborted, now
-                raise
-            finally:
-                pipe.waiter = None
+            await self._arrival()
         pipe.consumed += 1
         event = buffer.popleft()
         if type(event) is ResultMessage:
-            handle = pipe.handle
-            assert handle is not None
-            pipe.result, pipe.terminal, pipe.transitions = event, handle.terminal, handle.transitions
+            pipe.keep_result(event)
         return event
 
     async def next_batch(self) -> list[QueryEvent]:
         """Every event buffered now, waiting only if none is; [] once the stream has ended (as
-        `QueryHandle.next_batch`: for a consumer that moves events on in batches, a Ray shard)."""
-        try:
-            first = await self.__anext__()
-        except StopAsyncIteration:
-            return []
-        pipe = self._pipe
-        batch = [first, *pipe.buffer]
-        pipe.buffer.clear()
-        pipe.consumed += len(batch) - 1
-        last = batch[-1]
-        if len(batch) > 1 and type(last) is ResultMessage:
-            handle = pipe.handle
-            assert handle is not None
-            pipe.result, pipe.terminal, pipe.transitions = last, handle.terminal, handle.transitions
-        if pipe.parked is not None:
-            pipe.bridge.send(pipe.unpark)  # the pump waits for this consumer: it may go on
-        return batch
+        `QueryHandle.next_batch`: for a consumer that moves events on in batches)."""
+        while (batch := self.take_ready()) == []:
+            await self._arrival()
+        return batch or []
 
     def on_ready(self, listener: Callable[[], object] | None) -> None:
         """Call `listener()` on the host's loop whenever events arrive or the stream ends, then read
@@ -303,31 +274,34 @@ class AsyncioQuery:
 
     def take_ready(self) -> list[QueryEvent] | None:
         """Every event buffered now, without waiting: [] when none is, None once the stream has ended
-        (its error, if it failed, raised once). The `result` is kept as `next_batch` keeps it."""
+        (its error, if it failed, raised once). The `result` is kept as `__anext__` keeps it."""
         pipe = self._pipe
         buffer = pipe.buffer
         if not buffer:
-            if pipe.ended:
-                if pipe.error is not None:
-                    error, pipe.error = pipe.error, None
-                    raise error
+            if pipe.over():
                 return None
-            if pipe.gone:
-                return None
-            if pipe.parked is not None:
-                pipe.bridge.send(pipe.unpark)  # the pump waits for this consumer: it may go on
+            pipe.wants_more()
             return []
         batch = list(buffer)
         buffer.clear()
         pipe.consumed += len(batch)
-        last = batch[-1]
-        if type(last) is ResultMessage:
-            handle = pipe.handle
-            assert handle is not None
-            pipe.result, pipe.terminal, pipe.transitions = last, handle.terminal, handle.transitions
-        if pipe.parked is not None:
-            pipe.bridge.send(pipe.unpark)
+        if type(batch[-1]) is ResultMessage:
+            pipe.keep_result(batch[-1])
+        pipe.wants_more()
         return batch
+
+    async def _arrival(self) -> None:
+        """Until events arrive or the stream ends; a consumer cancelled meanwhile aborts the query."""
+        pipe = self._pipe
+        pipe.wants_more()
+        waiter = pipe.waiter = pipe.bridge.loop.create_future()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            pipe.leave("user")  # the consumer is cancelled: the query is aborted, now
+            raise
+        finally:
+            pipe.waiter = None
 
     async def result(self) -> ResultMessage:
         """Consume the remaining events and return the `ResultMessage`."""

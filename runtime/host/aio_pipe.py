@@ -140,6 +140,26 @@ class Pipe:
         self.error = error
         self.finish([], None, [], None)
 
+    def over(self) -> bool:
+        """Nothing more for the consumer: the stream has ended (its error, if any, raised once) or it left."""
+        if self.ended:
+            if self.error is not None:
+                error, self.error = self.error, None
+                raise error
+            return True
+        return self.gone
+
+    def keep_result(self, result: ResultMessage) -> None:
+        """The consumer has taken the `result`: how the query ended is known on this side from now on."""
+        handle = self.handle
+        assert handle is not None
+        self.result, self.terminal, self.transitions = result, handle.terminal, handle.transitions
+
+    def wants_more(self) -> None:
+        """The consumer has taken what it had: a pump parked for it may go on."""
+        if self.parked is not None:
+            self.bridge.send(self.unpark)
+
     def runtime_finished(self) -> None:
         if not self.ended:
             self.failed(RuntimeClosed("the asyncio runtime closed during the query"))
