@@ -256,21 +256,7 @@ class QueryLoopTurns(TrioActor):
                 if not run.ending:
                     raise BudgetExceeded
         elif kind is Forwarded:  # a subagent's event, tagged: to the consumer only (its own log has it)
-            await self._pass_on(run, item.event)
-
-    async def _pass_on(self, run: Run, event: Event) -> None:
-        """A subagent's event to this query's consumer; it joins neither the conversation nor this log."""
-        if run.consumer_open:
-            try:
-                run.sink.send_nowait(event)
-            except trio.WouldBlock:
-                with trio.CancelScope(shield=True):
-                    await run.sink.send(event)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                run.consumer_open = False
-                run.abort("user")
-        if run.budget_exceeded and not run.ending:
-            raise BudgetExceeded
+            await self._emit(run, item.event, record=False)
 
     def _drain_in_ending(self, run: Run, turn: Turn) -> None:
         """`_dispatch` for what a turn cut short has queued: nothing waits (the ending's events are
@@ -322,15 +308,19 @@ class QueryLoopTurns(TrioActor):
             self.transcript.release()
         held.clear()
 
-    async def _emit(self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False) -> None:
+    async def _emit(
+        self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False, record: bool = True
+    ) -> None:
         """Send `event` to the consumer now (unless the ModelCaller has: `sent`); record a transcript message
-        in the conversation.
+        in the conversation (unless `record` is False: a subagent's event, which joins neither the
+        conversation nor this log).
 
         A tool's result (`of_turn`) can be emitted while its own response is still streaming;
         the conversation takes it only after the response's last block (`_close_response`), so
         that the stored history keeps each response whole, followed by its results.
         """
-        self._keep(run, event, of_turn, sent)
+        if record:
+            self._keep(run, event, of_turn, sent)
         if run.consumer_open and not sent:
             try:
                 run.sink.send_nowait(event)
