@@ -11,12 +11,18 @@ The same at C sessions per shard (`--concurrency`, 50; figures ending in `_at_c`
 − results mode's) / events per loop, at C: a difference of two CPU figures near 2 ms per loop, it
 moves by several µs per event from one run to the next (a shard's CPU per loop varies by 10-30 %
 between runs on a shared 2-core machine; one round at T gave 9 and 31 µs). At the largest count,
-under a results-mode load of C sessions per shard, kept up until the last sample: `--aborts` aborts
-of a blocked query through Ray (driver `abort()` to its `result` back: `abort_p50_ms`, `abort_p90_ms`,
-`abort_p99_ms`); then a kill round: a shard SIGKILLed while its
-sessions' queries run; every `ShardLost` session is resumed on a survivor and must complete a query
-(`lost_after_kill`: those that could not). `scaling_2_over_1`: results-mode loops/s on two shards
-over one, at T.
+`--aborts` aborts of a blocked query through Ray (driver `abort()` to its `result` back), under a
+results-mode load of C sessions per shard kept up until the last sample, twice:
+- `abort_p50_ms`, `abort_p90_ms`, `abort_p99_ms`: the load's model calls and tools take
+  `--abort-model-ms` and `--abort-tool-ms` (50 each, as `bench abort`'s load): queries in flight, each
+  waiting on its model or its tools, which is what an abort meets in a real host;
+- the same ending in `_saturated`: the load is W at 0 ms, every shard at a full core on a machine with
+  no core to spare (two shards, the driver and Ray's own processes on two cores), so the tail is the
+  operating system's scheduler and the GIL hand-offs it delays, not the abort's path;
+each with `..._shard_cpu`, the shards' mean CPU use (cores) during the round. Then a kill round: a
+shard SIGKILLed while its sessions' queries run; every `ShardLost` session is resumed on a survivor
+and must complete a query (`lost_after_kill`: those that could not). `scaling_2_over_1`:
+results-mode loops/s on two shards over one, at T.
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-ms", type=float, default=0.0)
     parser.add_argument("--batch-ms", type=float, default=5.0, help="the shards' shipping window")
     parser.add_argument("--aborts", type=int, default=100, help="abort samples under load")
+    parser.add_argument("--abort-model-ms", type=float, default=50.0, help="the model's time in the aborts' load")
+    parser.add_argument("--abort-tool-ms", type=float, default=50.0, help="the tools' time in the aborts' load")
     parser.add_argument(
         "--transcript-dir",
         default="/dev/shm" if os.path.isdir("/dev/shm") else None,
@@ -135,6 +143,23 @@ async def _sustain(sessions: list[Any], stop: asyncio.Event) -> None:
             await session.query(workload.PROMPT, events="result").result()
 
     await asyncio.gather(*(one(s) for s in sessions))
+
+
+async def _abort_round(rt: ShardedRuntime, args: argparse.Namespace, load: list[Any], label: str) -> dict[str, Any]:
+    """`--aborts` abort samples while the `load` sessions run queries back to back; its figures, `label`led."""
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(_sustain(load, stop))
+    start, (_, shards0) = time.perf_counter(), await _cpu(rt)
+    times = sorted(await _aborts(rt, args.aborts))
+    elapsed, (_, shards1) = time.perf_counter() - start, await _cpu(rt)
+    stop.set()
+    await running
+    return {
+        f"abort_p50_ms{label}": round(statistics.median(times), 2),
+        f"abort_p90_ms{label}": round(times[int(len(times) * 0.9)], 2),
+        f"abort_p99_ms{label}": round(times[min(len(times) - 1, int(len(times) * 0.99))], 2),
+        f"abort{label}_shard_cpu": round((shards1 - shards0) / elapsed / len(rt.shards), 2),
+    }
 
 
 async def _aborts(rt: ShardedRuntime, samples: int) -> list[float]:
@@ -231,14 +256,11 @@ async def _measure(args: argparse.Namespace, counts: list[int]) -> dict[str, Any
                                 levels.setdefault(f"{name}_{events}_{n}{label}", []).append(value)
                     figures.update({key: round(statistics.median(values), 2) for key, values in levels.items()})
                 if n == max(counts):
-                    stop = asyncio.Event()
-                    load = asyncio.ensure_future(_sustain(sessions, stop))
-                    times = sorted(await _aborts(rt, args.aborts))
-                    stop.set()
-                    await load
-                    figures["abort_p50_ms"] = round(statistics.median(times), 2)
-                    figures["abort_p90_ms"] = round(times[int(len(times) * 0.9)], 2)
-                    figures["abort_p99_ms"] = round(times[min(len(times) - 1, int(len(times) * 0.99))], 2)
+                    paced = {"model_ms": args.abort_model_ms, "tool_ms": args.abort_tool_ms}
+                    loaded = [await rt.open_session(paced) for _ in range(args.concurrency * n)]
+                    figures.update(await _abort_round(rt, args, loaded, ""))
+                    await asyncio.gather(*(session.close() for session in loaded))
+                    figures.update(await _abort_round(rt, args, sessions, "_saturated"))
                     if n >= 2:
                         figures.update(await _kill_round(rt, args, spec))
     for n in counts:
