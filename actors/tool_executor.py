@@ -116,6 +116,10 @@ class StreamingToolExecutor(TrioActor):
         super().__init__()
         self._turn: BeginTurn | None = None
         self._entries: list[_Entry] = []
+        self._executing = 0
+        """How many of `_entries` are executing."""
+        self._executing_unsafe = 0
+        """How many of those are not concurrency-safe (at most one, running alone)."""
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, AddTool):
@@ -137,8 +141,12 @@ class StreamingToolExecutor(TrioActor):
         self._process_queue()
 
     def _can_execute(self, safe: bool) -> bool:
-        running = [e for e in self._entries if e.status == "executing"]
-        return not running or (safe and all(e.safe for e in running))
+        return not self._executing or (safe and not self._executing_unsafe)
+
+    def _stopped_executing(self, entry: _Entry) -> None:
+        self._executing -= 1
+        if not entry.safe:
+            self._executing_unsafe -= 1
 
     def _process_queue(self) -> None:
         control = self._turn.control if self._turn is not None else None
@@ -152,6 +160,9 @@ class StreamingToolExecutor(TrioActor):
                 continue
             if self._can_execute(entry.safe):
                 entry.status = "executing"
+                self._executing += 1
+                if not entry.safe:
+                    self._executing_unsafe += 1
                 entry.scope = self.start_work(self._execute, entry, self._turn)
             elif not entry.safe:
                 break  # an unsafe tool keeps its place: nothing behind it starts first
@@ -163,6 +174,7 @@ class StreamingToolExecutor(TrioActor):
                 if entry.scope is not None:
                     entry.scope.cancel()
         self._entries = []
+        self._executing = self._executing_unsafe = 0  # a discarded tool no longer holds the queue back
 
     # -- running one tool -------------------------------------------------------------------
 
@@ -171,6 +183,7 @@ class StreamingToolExecutor(TrioActor):
         if entry.status != "executing":
             return  # discarded meanwhile
         entry.status = "delivered"
+        self._stopped_executing(entry)
         turn.sink.push(result)
         self._process_queue()
 
