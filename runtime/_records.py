@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Callable
 from typing import Any, TypeVar, dataclass_transform
 
 R = TypeVar("R")
@@ -38,6 +39,39 @@ def record(cls: type[R]) -> type[R]:
     made: type[R] = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)
     made.__init__ = _storing_init(made)  # type: ignore[method-assign]
     return made
+
+
+def maker(cls: type[R], *given: str) -> Callable[..., R]:
+    """A function `make(*values)` building a `cls` from the values of the `given` fields, in order,
+    every other field at its default: for the hottest construction sites.
+
+    Calling a class runs `type.__call__`, which hands keyword arguments to a Python `__init__` as a
+    dict built per call; this makes the instance and stores its slots directly, a third cheaper
+    (measured on `StreamEvent`: 230 against 345 ns). Every field not given needs a plain default.
+    """
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    body: list[str] = []
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = field.name
+        namespace[f"_set_{name}"] = getattr(cls, name).__set__
+        if name in given:
+            body.append(f"    _set_{name}(self, {name})")
+        elif field.default is not dataclasses.MISSING:
+            namespace[f"_default_{name}"] = field.default
+            body.append(f"    _set_{name}(self, _default_{name})")
+        else:
+            msg = f"{cls.__qualname__}.{name} has no plain default: give it to maker()"
+            raise TypeError(msg)
+    unknown = set(given) - {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    if unknown:
+        msg = f"{cls.__qualname__} has no field {sorted(unknown)}"
+        raise TypeError(msg)
+    source = f"def make({', '.join(given)}):\n    self = _new(_cls)\n" + "\n".join(body) + "\n    return self\n"
+    exec(source, namespace)  # generated from the class's own field names, as `_storing_init` is
+    make: Callable[..., R] = namespace["make"]
+    make.__qualname__ = f"maker({cls.__qualname__})"
+    make.__module__ = cls.__module__
+    return make
 
 
 def _storing_init(cls: type[Any]) -> Any:

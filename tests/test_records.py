@@ -14,7 +14,7 @@ import trio
 
 import queryloop.actors  # noqa: F401 - every actor module declares its messages on import
 from queryloop import Runtime, ScriptedModel
-from queryloop.runtime._records import record
+from queryloop.runtime._records import maker, record
 from queryloop.runtime.kernel.messages import Abort, AbortAck, CarrierMessage, Message, Shutdown, SupervisorMessage
 from queryloop.runtime.loop.events import (
     AssistantMessage,
@@ -26,6 +26,8 @@ from queryloop.runtime.loop.events import (
     TranscriptMessage,
     Usage,
     UserMessage,
+    stream_event,
+    usage_of,
 )
 from queryloop.runtime.loop.options import QueryOptions
 
@@ -64,6 +66,31 @@ def test_a_record_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         del sample.name
     assert dataclasses.replace(sample, count=3) == Sample(name="a", count=3)
+
+
+def test_a_makers_record_equals_the_class_calls_and_is_frozen_as_well() -> None:
+    raw = {"type": "ping"}
+    made = stream_event(raw)
+    assert made == StreamEvent(event=raw)
+    assert type(made) is StreamEvent
+    assert made.event is raw  # the provider's dict, shared
+    assert made.model_dump() == StreamEvent(event=raw).model_dump()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.parent_tool_use_id = "t1"  # type: ignore[misc]
+    assert usage_of(1, 2, 3, 4) == Usage(
+        input_tokens=1, output_tokens=2, cache_creation_input_tokens=3, cache_read_input_tokens=4
+    )
+    assert Usage(input_tokens=1, output_tokens=2) + Usage(input_tokens=5, cache_read_input_tokens=7) == usage_of(
+        6, 2, 0, 7
+    )
+    assert maker(Sample, "name", "tags")("a", ["x"]) == Sample(name="a", tags=["x"])
+
+
+def test_a_maker_refuses_a_field_without_a_plain_default_or_one_the_record_lacks() -> None:
+    with pytest.raises(TypeError, match="tags has no plain default"):
+        maker(Sample, "name")  # a field made by a factory must be given
+    with pytest.raises(TypeError, match="no field"):
+        maker(Sample, "name", "tags", "colour")
 
 
 def test_events_keep_their_type_defaults_and_uuids() -> None:

@@ -22,7 +22,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from queryloop.runtime.loop.events import Block, Usage
+from queryloop.runtime.loop.events import Block, Usage, usage_of
 
 if TYPE_CHECKING:
     from queryloop.runtime.loop.model import ModelProvider, ModelRequest
@@ -108,11 +108,11 @@ class ResponseAssembler:
         """The usage reported so far (one `Usage` per change of the counts, shared by the blocks read meanwhile)."""
         usage = self._usage
         if usage is None:
-            usage = self._usage = Usage(
-                input_tokens=self._input_tokens,
-                output_tokens=self._output_tokens,
-                cache_creation_input_tokens=self._cache_creation_input_tokens,
-                cache_read_input_tokens=self._cache_read_input_tokens,
+            usage = self._usage = usage_of(
+                self._input_tokens,
+                self._output_tokens,
+                self._cache_creation_input_tokens,
+                self._cache_read_input_tokens,
             )
         return usage
 
