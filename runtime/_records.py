@@ -49,9 +49,14 @@ def maker(cls: type[R], *given: str) -> Callable[..., R]:
     dict built per call; this makes the instance and stores its slots directly, a third cheaper
     (measured on `StreamEvent`: 230 against 345 ns). Every field not given needs a plain default.
     """
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    unknown = set(given) - {field.name for field in fields}
+    if unknown:
+        msg = f"{cls.__qualname__} has no field {sorted(unknown)}"
+        raise TypeError(msg)
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     body: list[str] = []
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for field in fields:
         name = field.name
         namespace[f"_set_{name}"] = getattr(cls, name).__set__
         if name in given:
@@ -62,10 +67,6 @@ def maker(cls: type[R], *given: str) -> Callable[..., R]:
         else:
             msg = f"{cls.__qualname__}.{name} has no plain default: give it to maker()"
             raise TypeError(msg)
-    unknown = set(given) - {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    if unknown:
-        msg = f"{cls.__qualname__} has no field {sorted(unknown)}"
-        raise TypeError(msg)
     source = f"def make({', '.join(given)}):\n    self = _new(_cls)\n" + "\n".join(body) + "\n    return self\n"
     exec(source, namespace)  # generated from the class's own field names, as `_storing_init` is
     make: Callable[..., R] = namespace["make"]
