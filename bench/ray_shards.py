@@ -15,7 +15,8 @@ between runs on a shared 2-core machine; one round at T gave 9 and 31 µs). At t
 results-mode load of C sessions per shard kept up until the last sample, twice:
 - `abort_p50_ms`, `abort_p90_ms`, `abort_p99_ms`: the load's model calls and tools take
   `--abort-model-ms` and `--abort-tool-ms` (50 each, as `bench abort`'s load): queries in flight, each
-  waiting on its model or its tools, which is what an abort meets in a real host;
+  waiting on its model or its tools, which is what an abort meets in a real host; its sessions start
+  at seeded moments spread over one loop's life, as `bench abort`'s slots do;
 - the same ending in `_saturated`: the load is W at 0 ms, every shard at a full core on a machine with
   no core to spare (two shards, the driver and Ray's own processes on two cores), so the tail is the
   operating system's scheduler and the GIL hand-offs it delays, not the abort's path;
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import random
 import signal
 import statistics
 import tempfile
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
     from queryloop.ray import ShardedRuntime
 
 FACTORY = "bench.ray_shards:options"
+SEED = 15
+"""Of the aborts' load: when its sessions start."""
 
 
 async def _block(args: Any, ctx: ToolContext) -> ToolOutput:
@@ -135,20 +139,32 @@ async def _load(rt: ShardedRuntime, args: argparse.Namespace, sessions: list[Any
     }
 
 
-async def _sustain(sessions: list[Any], stop: asyncio.Event) -> None:
-    """Every session runs W queries back to back (`events="result"`) until `stop`: the aborts' load."""
+async def _sustain(sessions: list[Any], stop: asyncio.Event, starts: list[float]) -> None:
+    """Every session runs W queries back to back (`events="result"`) from its start on, until `stop`:
+    the aborts' load."""
 
-    async def one(session: Any) -> None:
+    async def one(session: Any, start: float) -> None:
+        await asyncio.sleep(start)  # the session's seeded start (see `_abort_round`), not a wait for a state
         while not stop.is_set():
             await session.query(workload.PROMPT, events="result").result()
 
-    await asyncio.gather(*(one(s) for s in sessions))
+    await asyncio.gather(*(one(s, start) for s, start in zip(sessions, starts, strict=True)))
 
 
-async def _abort_round(rt: ShardedRuntime, args: argparse.Namespace, load: list[Any], label: str) -> dict[str, Any]:
-    """`--aborts` abort samples while the `load` sessions run queries back to back; its figures, `label`led."""
+async def _abort_round(
+    rt: ShardedRuntime, args: argparse.Namespace, load: list[Any], label: str, *, life_s: float
+) -> dict[str, Any]:
+    """`--aborts` abort samples while the `load` sessions run queries back to back; its figures, `label`led.
+
+    The sessions start at seeded moments spread over one loop's life (`life_s`), as `bench abort`'s
+    slots do: a host's loops do not all start in the same instant, and loops started together reach
+    every step of W together, a burst of every session's work at each step. The samples begin once
+    every session has started."""
+    rng = random.Random(SEED)
+    starts = [rng.uniform(0, life_s) for _ in load]
     stop = asyncio.Event()
-    running = asyncio.ensure_future(_sustain(load, stop))
+    running = asyncio.ensure_future(_sustain(load, stop, starts))
+    await asyncio.sleep(life_s)  # every session of the load has started (a measurement's setup)
     start, (_, shards0) = time.perf_counter(), await _cpu(rt)
     times = sorted(await _aborts(rt, args.aborts))
     elapsed, (_, shards1) = time.perf_counter() - start, await _cpu(rt)
@@ -258,9 +274,10 @@ async def _measure(args: argparse.Namespace, counts: list[int]) -> dict[str, Any
                 if n == max(counts):
                     paced = {"model_ms": args.abort_model_ms, "tool_ms": args.abort_tool_ms}
                     loaded = [await rt.open_session(paced) for _ in range(args.concurrency * n)]
-                    figures.update(await _abort_round(rt, args, loaded, ""))
+                    life_s = (3 * args.abort_model_ms + 2 * args.abort_tool_ms) / 1000  # W: 3 calls, 2 tool rounds
+                    figures.update(await _abort_round(rt, args, loaded, "", life_s=life_s))
                     await asyncio.gather(*(session.close() for session in loaded))
-                    figures.update(await _abort_round(rt, args, sessions, "_saturated"))
+                    figures.update(await _abort_round(rt, args, sessions, "_saturated", life_s=0.0))
                     if n >= 2:
                         figures.update(await _kill_round(rt, args, spec))
     for n in counts:
