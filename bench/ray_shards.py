@@ -11,8 +11,9 @@ The same at C sessions per shard (`--concurrency`, 50; figures ending in `_at_c`
 − results mode's) / events per loop, at C: a difference of two CPU figures near 2 ms per loop, it
 moves by several µs per event from one run to the next (a shard's CPU per loop varies by 10-30 %
 between runs on a shared 2-core machine; one round at T gave 9 and 31 µs). At the largest count,
-`--aborts` aborts of a blocked query through Ray (driver `abort()` to its `result` back), under a
-results-mode load of C sessions per shard kept up until the last sample, twice:
+`--aborts` aborts (400: of 100, the p99 would be the largest) of a blocked query through Ray (driver
+`abort()` to its `result` back), under a results-mode load of C sessions per shard kept up until the
+last sample, twice:
 - `abort_p50_ms`, `abort_p90_ms`, `abort_p99_ms`: the load's model calls and tools take
   `--abort-model-ms` and `--abort-tool-ms` (50 each, as `bench abort`'s load): queries in flight, each
   waiting on its model or its tools, which is what an abort meets in a real host; its sessions start
@@ -86,7 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-ms", type=float, default=0.0)
     parser.add_argument("--tool-ms", type=float, default=0.0)
     parser.add_argument("--batch-ms", type=float, default=5.0, help="the shards' shipping window")
-    parser.add_argument("--aborts", type=int, default=100, help="abort samples under load")
+    parser.add_argument(
+        "--aborts", type=int, default=400, help="abort samples under each load (with 100, p99 would be the largest)"
+    )
     parser.add_argument("--abort-model-ms", type=float, default=50.0, help="the model's time in the aborts' load")
     parser.add_argument("--abort-tool-ms", type=float, default=50.0, help="the tools' time in the aborts' load")
     parser.add_argument(
