@@ -143,10 +143,11 @@ class StreamingToolExecutor(TrioActor):
     def _can_execute(self, safe: bool) -> bool:
         return not self._executing or (safe and not self._executing_unsafe)
 
-    def _stopped_executing(self, entry: _Entry) -> None:
-        self._executing -= 1
+    def _count_executing(self, entry: _Entry, change: int) -> None:
+        """`change` (+1, -1) the executing tools' counts by `entry`, which starts or has delivered."""
+        self._executing += change
         if not entry.safe:
-            self._executing_unsafe -= 1
+            self._executing_unsafe += change
 
     def _process_queue(self) -> None:
         control = self._turn.control if self._turn is not None else None
@@ -160,9 +161,7 @@ class StreamingToolExecutor(TrioActor):
                 continue
             if self._can_execute(entry.safe):
                 entry.status = "executing"
-                self._executing += 1
-                if not entry.safe:
-                    self._executing_unsafe += 1
+                self._count_executing(entry, 1)
                 entry.scope = self.start_work(self._execute, entry, self._turn)
             elif not entry.safe:
                 break  # an unsafe tool keeps its place: nothing behind it starts first
@@ -183,7 +182,7 @@ class StreamingToolExecutor(TrioActor):
         if entry.status != "executing":
             return  # discarded meanwhile
         entry.status = "delivered"
-        self._stopped_executing(entry)
+        self._count_executing(entry, -1)
         turn.sink.push(result)
         self._process_queue()
 
