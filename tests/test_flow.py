@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Generator
+
 import pytest
 import trio
 import trio.testing
 
+from queryloop.runtime.kernel._wake import WOKEN
 from queryloop.runtime.kernel.flow import EventChannel
 
 
@@ -151,3 +154,47 @@ async def test_push_lets_blocked_senders_in_first_so_order_is_kept() -> None:
         channel.push("last")
         assert list(channel.items) == ["a", "b", "last"]
         await trio.testing.wait_all_tasks_blocked()  # the sender of "b" has returned: its send is done
+
+
+async def test_one_woken_outcome_wakes_a_parked_task_any_number_of_times() -> None:
+    # trio's own `Value(None)` may be unwrapped once; the kernel's wake outcome is sent again and again.
+    woken: list[object] = []
+    task: trio.lowlevel.Task | None = None
+
+    async def parked() -> None:
+        nonlocal task
+        task = trio.lowlevel.current_task()
+        for _ in range(3):
+            woken.append(await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.SUCCEEDED))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(parked)
+        for _ in range(3):
+            await trio.testing.wait_all_tasks_blocked()
+            assert task is not None
+            trio.lowlevel.reschedule(task, WOKEN)
+    assert woken == [None, None, None]
+    WOKEN.unwrap()  # still usable after every wake: nothing was used up
+
+
+async def test_an_async_generator_sent_the_woken_outcome_receives_none() -> None:
+    sent: list[object] = []
+
+    async def echo() -> AsyncGenerator[int, object]:
+        for i in range(2):
+            sent.append((yield i))
+
+    agen = echo()
+    assert await agen.asend(None) == 0
+    assert await WOKEN.asend(agen) == 1
+    await agen.aclose()
+    assert sent == [None]
+
+    def gen() -> Generator[int, object, None]:
+        sent.append((yield 0))
+        yield 1
+
+    plain = gen()
+    next(plain)
+    assert WOKEN.send(plain) == 1
+    assert sent == [None, None]

@@ -39,6 +39,7 @@ from trio.lowlevel import (
 )
 
 from queryloop.runtime.errors import BlockingCallOnTrioThread
+from queryloop.runtime.kernel._wake import WOKEN
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Iterable
@@ -124,7 +125,7 @@ class TrioFuture(pykka.Future[T]):
         # Runs on the waiters' trio thread, so it cannot race with their abort_fn.
         waiters, self._trio_waiters = self._trio_waiters, None
         for task in waiters or ():
-            reschedule(task)
+            reschedule(task, WOKEN)
 
     def get_nowait(self) -> T:
         """The value of a resolved future (or its exception raised); `LookupError` if pending."""

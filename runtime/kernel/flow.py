@@ -36,6 +36,8 @@ import trio
 from outcome import Error  # trio's own result type, what `reschedule` takes
 from trio.lowlevel import Abort, RaiseCancelT, Task, current_task, reschedule, wait_task_rescheduled
 
+from queryloop.runtime.kernel._wake import WOKEN
+
 T = TypeVar("T")
 
 
@@ -69,7 +71,7 @@ class EventChannel(Generic[T]):
         receiver = self._receiver
         if receiver is not None:
             self._receiver = None
-            reschedule(receiver)
+            reschedule(receiver, WOKEN)
 
     def push(self, item: T) -> None:
         """Append `item` even past `max_buffer` (see the module's note: only for a bounded number of items)."""
@@ -81,12 +83,12 @@ class EventChannel(Generic[T]):
         while waiting:
             task, queued = waiting.popleft()
             self.items.append(queued)
-            reschedule(task)
+            reschedule(task, WOKEN)
         self.items.append(item)
         receiver = self._receiver
         if receiver is not None:
             self._receiver = None
-            reschedule(receiver)
+            reschedule(receiver, WOKEN)
 
     async def send(self, item: T) -> None:
         """Send `item`, waiting for room only if the buffer is full."""
@@ -120,7 +122,7 @@ class EventChannel(Generic[T]):
         receiver = self._receiver
         if receiver is not None:
             self._receiver = None
-            reschedule(receiver)
+            reschedule(receiver, WOKEN)
 
     # -- the consumer side ----------------------------------------------------------
 
@@ -131,7 +133,7 @@ class EventChannel(Generic[T]):
         if waiting:
             task, queued = waiting.popleft()
             self.items.append(queued)
-            reschedule(task)
+            reschedule(task, WOKEN)
         return item
 
     async def wait(self) -> bool:
@@ -156,7 +158,7 @@ class EventChannel(Generic[T]):
         receiver = self._receiver
         if receiver is not None:
             self._receiver = None
-            reschedule(receiver)
+            reschedule(receiver, WOKEN)
 
     def close_receiver(self) -> None:
         """The consumer is gone: every send from now on (and every waiting one) raises `BrokenResourceError`."""
