@@ -136,6 +136,57 @@ async def test_mail_sent_by_a_handler_is_handled_after_it_returns_never_inside_i
         assert order == ["a in 0", "a out 0", "b in 1", "b out 1", "a in 2", "a out 2", "b in 3", "b out 3"]
 
 
+async def test_closing_a_group_stops_its_idle_actors_at_once_and_their_stop_mail_waits_for_the_stop() -> None:
+    order: list[str] = []
+
+    class Stopping(TrioActor):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.label = name
+            self.peer: ActorRef[Any] | None = None
+
+        def on_receive(self, message: Any) -> None:
+            if isinstance(message, ActorRef):
+                self.peer = message
+                return
+            order.append(f"{self.label} got {message}")
+
+        def on_stop(self) -> None:
+            order.append(f"{self.label} stopping")
+            if self.peer is not None:
+                self.peer.tell(f"bye from {self.label}")
+            order.append(f"{self.label} stopped")
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        a = group.spawn(Stopping, "a")
+        b = group.spawn(Stopping, "b")
+        a.tell(b)  # a, stopped first, tells b (still alive) from its on_stop
+        group.close_nowait()
+        # Nothing was running: both are stopped when the call returns, no task step later. The mail a's
+        # on_stop sent is handled after on_stop returned, never inside it, and before b stops.
+        assert not a.is_alive() and not b.is_alive()
+        assert order == ["a stopping", "a stopped", "b got bye from a", "b stopping", "b stopped"]
+        assert group.closed
+
+
+async def test_a_group_closed_from_its_actors_handler_stops_that_actor_once_the_handler_returns() -> None:
+    seen: list[bool] = []
+
+    class Closer(TrioActor):
+        def on_receive(self, message: Any) -> None:
+            self.supervisor.close_nowait()  # type: ignore[attr-defined]
+            seen.append(self.actor_stopped.is_set())  # still handling: the stop waits for the handler
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Closer)
+        ref.tell("close")
+        assert seen == [False]
+        assert not ref.is_alive()
+        await group.wait_closed()
+
+
 async def test_ordinary_mail_waits_while_an_abort_unwinds_then_flows_in_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

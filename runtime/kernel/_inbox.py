@@ -100,6 +100,19 @@ class Dispatcher:
         else:
             fn()
 
+    def handle_now(self, fn: Callable[[], None]) -> bool:
+        """Run `fn()` as a handler, now, if no handler is running (else do nothing): the mail it sends is
+        handled after it, then the `after_handlers` callbacks, as for a handler of queued mail. Whether it ran."""
+        if self._running:
+            return False
+        self._running = True
+        try:
+            fn()
+        finally:
+            self._running = False
+        self._run()  # the mail `fn` sent, then the callbacks
+        return True
+
     def _run(self) -> None:
         self._running = True
         ready = self._ready
@@ -173,6 +186,14 @@ class PriorityInbox:
         else:
             self._normal.append(envelope)
         self.wake()
+
+    def handle_urgent_now(self, fn: Callable[[], None]) -> bool:
+        """Run `fn()` now, as the handler of supervisor mail put now would run (the caller on the inbox's
+        thread, no handler running, the gate letting urgent mail through, none queued), without the
+        mail; else do nothing. Whether it ran."""
+        if self._gate == CLOSED or self._urgent or threading.get_ident() != self._thread:
+            return False
+        return self._dispatcher.handle_now(fn)
 
     def set_gate(self, gate: int) -> None:
         """Let through nothing (`CLOSED`), supervisor mail only (`URGENT_ONLY`) or all (`OPEN`)."""

@@ -43,7 +43,7 @@ import pykka
 import trio
 from loguru import logger
 from pykka import ActorDeadError, ActorRef
-from pykka.messages import _ActorStop
+from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
 from queryloop.runtime.errors import NotInSession, WorkCancelled
 from queryloop.runtime.kernel._future import TrioFuture
@@ -85,6 +85,12 @@ current_supervisor: contextvars.ContextVar[ActorGroup] = contextvars.ContextVar(
 """The supervisor of the session being spawned into, or whose work is running."""
 
 _urns = itertools.count(1)
+
+_SHUTDOWN = Shutdown()
+"""Every close sends this one (frozen, no field): not validated again for each session."""
+
+_PROXY_MESSAGES = frozenset({ProxyCall, ProxyGetAttr, ProxySetAttr})
+"""What pykka's `_handle_receive` answers itself (a proxy's calls); any other message goes to `on_receive`."""
 
 # Life of an actor: NEW → RUNNING ⇄ ABORTING → STOPPING → STOPPED.
 _NEW, _RUNNING, _ABORTING, _STOPPING, _STOPPED = range(5)
@@ -277,7 +283,8 @@ class TrioActor(pykka.Actor):
         dispatcher = self.actor_inbox._dispatcher  # type: ignore[attr-defined]  # noqa: SLF001
         dispatcher.current = self
         try:
-            response = self._handle_receive(message)
+            # pykka's `_handle_receive` tests every message against its proxy messages first; ours go straight on.
+            response = self._handle_receive(message) if kind in _PROXY_MESSAGES else self.on_receive(message)
         except Exception as error:  # noqa: BLE001 - to the asker, or a crash of this actor
             if reply_to is None:
                 self._crash(error)
@@ -392,6 +399,14 @@ class TrioActor(pykka.Actor):
         for reply_to, cancelled in acks:
             if reply_to is not None and not reply_to.done():
                 reply_to.set(AbortAck(actor=self.name, cancelled_work=cancelled))
+
+    def _shut_down(self) -> None:
+        """`Shutdown`, from the supervisor: handled at once when its mail would be, without the mail."""
+        if not self.actor_inbox.handle_urgent_now(self._shut_down_now):  # type: ignore[attr-defined]
+            self.actor_ref.tell(_SHUTDOWN)
+
+    def _shut_down_now(self) -> None:
+        self._begin_stop(None)
 
     def _begin_stop(self, reply_to: TrioFuture[Any] | None) -> None:
         """Cancel all work; finish (on_stop, refuse the mail left, answer) once it has unwound."""

@@ -35,10 +35,7 @@ from pykka import ActorDeadError
 
 from queryloop.runtime.errors import ActorCrashed, SessionClosed
 from queryloop.runtime.kernel.actor import TrioActor, current_supervisor
-from queryloop.runtime.kernel.messages import Abort, AbortAck, AbortReason, Shutdown
-
-_SHUTDOWN = Shutdown()
-"""Every close sends this one (frozen, no field): not validated again for each session."""
+from queryloop.runtime.kernel.messages import Abort, AbortAck, AbortReason
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -202,7 +199,7 @@ class Supervisor:
         await self._closed.wait()
 
     def close_nowait(self) -> None:
-        """Tell every actor `Shutdown` without waiting for them to stop (`wait_closed` does)."""
+        """Give every actor `Shutdown` without waiting for them to stop (`wait_closed` does)."""
         if self._closing:
             return
         self._closing = True
@@ -210,7 +207,7 @@ class Supervisor:
             child.close_nowait()
         for actor in list(self.actors):
             if not actor.actor_stopped.is_set():
-                actor.actor_ref.tell(_SHUTDOWN)
+                actor._shut_down()  # noqa: SLF001 - the supervisor's own message to its actor
         if not self._live and not self.children:
             self._closed_now()
 
