@@ -3,7 +3,8 @@ tasks under cancel scopes the actor owns, supervisors that abort and close a gro
 event channels that carry a query's events.
 
 Owns: `TrioActor` (`actor`), its priority inbox and dispatcher (`_inbox`), `TrioFuture` (`_future`),
-`Supervisor` (`supervisor`), the kernel's messages (`messages`) and `EventChannel` (`flow`).
+`Supervisor` (`supervisor`), the kernel's messages (`messages`), `EventChannel` (`flow`) and the outcome
+that wakes a parked task (`_wake`).
 Imports only `queryloop.runtime.errors` and `queryloop.runtime._records`: the kernel knows nothing of agent
 loops.
 """
