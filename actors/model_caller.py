@@ -221,6 +221,11 @@ _MORE_AFTER = frozenset({"tool_use", "pause_turn", "refusal"})
 retried on the fallback model (when there is none, the query ends and the task with it)."""
 
 
+def _type_of(raw: object) -> object:
+    """A provider's event's `type`: a dict subclass's too; None for anything that is not a dict."""
+    return raw.get("type") if isinstance(raw, dict) else None
+
+
 class _Attempt:
     """Whether the current request has emitted anything: only an unseen failure may be retried."""
 
@@ -376,13 +381,15 @@ class ModelCaller(TrioActor):
         async with aclosing(self.provider.stream(request)) as stream:
             events, progress = call.events, call.progress
             async for raw in stream:
-                kind = raw.get("type") if isinstance(raw, dict) else None
+                kind = raw.get("type") if raw.__class__ is dict else _type_of(raw)
                 if kind.__class__ is not str:
                     # Nothing of it was forwarded: like a provider's own classified error, retried if nothing was.
                     msg = f"malformed stream event: no type in {raw!r:.200}"
                     raise ModelError("api_error", msg)
                 this_try.emitted = True
-                if kind == "message_start":
+                if kind == "content_block_delta":  # nearly every event: none of the checks below
+                    pass
+                elif kind == "message_start":
                     progress.start_usage, progress.delta_usage = raw["message"].get("usage") or {}, None
                 elif kind == "message_delta" and progress.start_usage is not None:
                     progress.delta_usage = raw.get("usage") or {}
