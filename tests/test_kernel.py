@@ -51,6 +51,24 @@ class Recorder(TrioActor):
         return 2 * x
 
 
+class Paired(TrioActor):
+    """A named actor told its peer as a message (an `ActorRef`); every other message goes to `on_message`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.label = name
+        self.peer: Any = None
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, ActorRef):
+            self.peer = message
+        else:
+            self.on_message(message)
+
+    def on_message(self, message: Any) -> None:
+        raise NotImplementedError
+
+
 async def test_tell_ask_and_proxy_from_the_trio_thread() -> None:
     async with Runtime.open() as runtime:
         group = await runtime.start_group()
@@ -112,16 +130,8 @@ async def test_abort_overtakes_10000_queued_ordinary_messages() -> None:
 async def test_mail_sent_by_a_handler_is_handled_after_it_returns_never_inside_it() -> None:
     order: list[str] = []
 
-    class PingPong(TrioActor):
-        def __init__(self, name: str) -> None:
-            super().__init__()
-            self.label = name
-            self.peer: Any = None
-
-        def on_receive(self, message: Any) -> None:
-            if isinstance(message, ActorRef):
-                self.peer = message
-                return
+    class PingPong(Paired):
+        def on_message(self, message: Any) -> None:
             order.append(f"{self.label} in {message}")
             if message < 3:
                 self.peer.tell(message + 1)
@@ -139,16 +149,8 @@ async def test_mail_sent_by_a_handler_is_handled_after_it_returns_never_inside_i
 async def test_closing_a_group_stops_its_idle_actors_at_once_and_their_stop_mail_waits_for_the_stop() -> None:
     order: list[str] = []
 
-    class Stopping(TrioActor):
-        def __init__(self, name: str) -> None:
-            super().__init__()
-            self.label = name
-            self.peer: ActorRef[Any] | None = None
-
-        def on_receive(self, message: Any) -> None:
-            if isinstance(message, ActorRef):
-                self.peer = message
-                return
+    class Stopping(Paired):
+        def on_message(self, message: Any) -> None:
             order.append(f"{self.label} got {message}")
 
         def on_stop(self) -> None:
