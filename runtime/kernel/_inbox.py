@@ -156,11 +156,12 @@ class PriorityInbox:
         "_urgent",
     )
 
-    def __init__(self, actor: Recipient) -> None:
-        # Built on the trio thread (actors are constructed there), which it then belongs to.
-        self._token: TrioToken = current_trio_token()
-        self._thread = threading.get_ident()
-        self._dispatcher = Dispatcher.for_this_thread()
+    def __init__(self, actor: Recipient, token: TrioToken, thread: int, dispatcher: Dispatcher) -> None:
+        # Built on the trio thread (actors are constructed there), which it then belongs to: `token`, `thread`
+        # and `dispatcher` are that thread's (the actor's group keeps them, for all its actors).
+        self._token = token
+        self._thread = thread
+        self._dispatcher = dispatcher
         self._actor: Recipient | None = actor
         self._urgent: deque[Envelope[Any]] | None = None  # made on the first supervisor message
         self._normal: deque[Envelope[Any]] = deque()

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from loguru import Logger
     from pykka._actor import ActorInbox
     from pykka._envelope import Envelope
+    from trio.lowlevel import TrioToken
 
 A = TypeVar("A", bound="TrioActor")
 
@@ -71,6 +72,10 @@ class ActorGroup(Protocol):
     _context: contextvars.Context
     """The session's context (it holds `current_supervisor`): the actor's work runs in it."""
     _nursery: trio.Nursery
+    _token: TrioToken
+    _thread: int
+    _dispatcher: Dispatcher
+    """The trio thread the group's actors live on: its token, its id and its dispatcher (their inboxes')."""
 
     def spawn(self, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorRef[A]: ...
 
@@ -164,7 +169,7 @@ class TrioActor(pykka.Actor):
         # URN instead of uuid4, and a plain flag instead of a threading.Event (Condition, Lock and
         # deque, for every actor of every session) since only is_set()/set() are ever used.
         self.actor_urn = f"urn:queryloop:{supervisor.session_id}:{next(_urns)}"
-        self.actor_inbox = PriorityInbox(self)
+        self.actor_inbox = PriorityInbox(self, supervisor._token, supervisor._thread, supervisor._dispatcher)  # noqa: SLF001
         self.actor_stopped = _StoppedFlag()  # type: ignore[assignment]
         self._actor_ref = TrioActorRef(self)
         self.supervisor: ActorGroup = supervisor

@@ -34,6 +34,7 @@ from loguru import logger
 from pykka import ActorDeadError
 
 from queryloop.runtime.errors import ActorCrashed, SessionClosed
+from queryloop.runtime.kernel._inbox import Dispatcher
 from queryloop.runtime.kernel.actor import TrioActor, current_supervisor
 from queryloop.runtime.kernel.messages import Abort, AbortAck, AbortReason
 
@@ -79,6 +80,7 @@ class Supervisor:
         self._context.run(current_supervisor.set, self)
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.get_ident()
+        self._dispatcher = Dispatcher.for_this_thread()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"

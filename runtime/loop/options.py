@@ -132,8 +132,8 @@ class QueryOptions(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> QueryOptions:
         names = [t.name for t in self.tools]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
+        if len(set(names)) < len(names):
+            duplicates = sorted({n for n in names if names.count(n) > 1})
             msg = f"tools: duplicate tool names {duplicates}"
             raise ValueError(msg)
         if self.agents:
@@ -149,7 +149,8 @@ class QueryOptions(BaseModel):
                     pricing_for(agent.model, self.pricing if agent.model == self.model else None)
         # A model without a known price is refused here, not priced at $0 later.
         pricing_for(self.model, self.pricing)
-        for model in (self.fallback_model, self.small_model):
-            if model is not None and model != self.model:
-                pricing_for(model)
+        if self.small_model != self.model:
+            pricing_for(self.small_model)
+        if self.fallback_model is not None and self.fallback_model != self.model:
+            pricing_for(self.fallback_model)
         return self

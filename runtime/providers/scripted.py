@@ -15,16 +15,32 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter
 
 from queryloop.runtime.loop.json_text import dumps
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelRequest
 
 TEXT_CHUNK = 48
 JSON_CHUNK = 24
+
+
+_BLOCKS: TypeAdapter[list[dict[str, Any]]] = TypeAdapter(list[dict[str, Any]])
+
+
+def _blocks(value: Any) -> list[dict[str, Any]]:
+    """A reply's content blocks: a list of dicts is taken as it is, without the copy pydantic's own
+    validation makes of every block (a reply is built per request: the harness of `../peers` builds one
+    per model call); anything else is validated as `list[dict[str, Any]]` (same errors, same coercions)."""
+    if value.__class__ is list and all(block.__class__ is dict for block in value):
+        return value
+    return _BLOCKS.validate_python(value)
+
+
+Blocks = Annotated[list[dict[str, Any]], PlainValidator(_blocks, json_schema_input_type=list[dict[str, Any]])]
+"""A reply's content: a list of Messages API content blocks (dicts)."""
 
 
 class _Strict(BaseModel):
@@ -39,7 +55,7 @@ class ScriptedUsage(_Strict):
 
 
 class ScriptedReply(_Strict):
-    content: list[dict[str, Any]]
+    content: Blocks
     stop_reason: Literal[
         "end_turn", "tool_use", "max_tokens", "stop_sequence", "pause_turn", "refusal", "model_context_window_exceeded"
     ] = "end_turn"
@@ -55,7 +71,7 @@ class ScriptedError(_Strict):
     retry_after_s: float | None = None
     after_events: int = 0
     """For `connection`: how many events of `content` stream before the cut."""
-    content: list[dict[str, Any]] = Field(default_factory=lambda: [{"type": "text", "text": "An answer cut"}])
+    content: Blocks = Field(default_factory=lambda: [{"type": "text", "text": "An answer cut"}])
     latency_ms: float = 0
 
 
@@ -100,16 +116,16 @@ def reply_events(reply: ScriptedReply, *, model: str, message_id: str, input_tok
     last = len(reply.content) - 1
     for index, block in enumerate(reply.content):
         _add_block_events(events, index, block, cut=reply.truncate_last_block and index == last)
-    events.append(
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None}
-            | ({"stop_details": reply.stop_details} if reply.stop_details is not None else {}),
-            "usage": {"output_tokens": usage.output_tokens},
-        }
-    )
+    delta: dict[str, Any] = {"stop_reason": reply.stop_reason, "stop_sequence": None}
+    if reply.stop_details is not None:
+        delta["stop_details"] = reply.stop_details
+    events.append({"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage.output_tokens}})
     events.append({"type": "message_stop"})
     return events
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def _add_block_events(events: list[dict[str, Any]], index: int, block: dict[str, Any], *, cut: bool) -> None:
@@ -119,19 +135,15 @@ def _add_block_events(events: list[dict[str, Any]], index: int, block: dict[str,
     if kind == "text":
         text: str = block.get("text", "")
         add({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
-        for i in range(0, len(text), TEXT_CHUNK):
-            add(
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "text_delta", "text": text[i : i + TEXT_CHUNK]},
-                }
-            )
+        # A text of one chunk (most of them) skips the slicing loop.
+        chunks = [text] if len(text) <= TEXT_CHUNK else _chunks(text, TEXT_CHUNK)
+        for chunk in chunks:
+            add({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": chunk}})
     elif kind in ("tool_use", "server_tool_use"):
         start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
         add({"type": "content_block_start", "index": index, "content_block": start})
         raw = dumps(block.get("input", {}))  # json.dumps's text, the wire's partial_json
-        fragments = [""] + [raw[i : i + JSON_CHUNK] for i in range(0, len(raw), JSON_CHUNK)]
+        fragments = ["", raw] if len(raw) <= JSON_CHUNK else ["", *_chunks(raw, JSON_CHUNK)]
         if cut:  # a max_tokens cut: the JSON stops half-way and no content_block_stop follows
             fragments = fragments[: max(2, len(fragments) // 2)]
             if "".join(fragments) == raw:  # too short to halve: drop the closing brace at least
