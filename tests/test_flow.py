@@ -8,11 +8,20 @@ import pytest
 import trio
 import trio.testing
 
+from queryloop.runtime.kernel import _wake, flow
 from queryloop.runtime.kernel._wake import WOKEN
 from queryloop.runtime.kernel.flow import EventChannel
 
 
-async def test_items_arrive_in_order_and_a_receiver_parks_only_on_an_empty_buffer() -> None:
+@pytest.fixture(params=["trio_trap", "public_call"])
+def parking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each channel test parks both ways: with trio's own trap, and with `wait_task_rescheduled` (the fallback)."""
+    if request.param == "public_call":
+        monkeypatch.setattr(flow, "park", _wake._park_public)  # noqa: SLF001 - the fallback under test
+    return str(request.param)
+
+
+async def test_items_arrive_in_order_and_a_receiver_parks_only_on_an_empty_buffer(parking: str) -> None:
     channel = EventChannel[int](4)
     received: list[int] = []
 
@@ -34,7 +43,7 @@ async def test_items_arrive_in_order_and_a_receiver_parks_only_on_an_empty_buffe
         channel.send_nowait(4)
 
 
-async def test_a_full_buffer_makes_senders_wait_and_their_items_enter_in_send_order() -> None:
+async def test_a_full_buffer_makes_senders_wait_and_their_items_enter_in_send_order(parking: str) -> None:
     channel = EventChannel[str](2)
     channel.send_nowait("a")
     channel.send_nowait("b")
@@ -95,7 +104,7 @@ async def test_a_consumer_that_goes_away_breaks_every_send_waiting_ones_included
         channel.send_nowait(3)
 
 
-async def test_a_waiting_receiver_is_cancellable_and_wakes_at_close() -> None:
+async def test_a_waiting_receiver_is_cancellable_and_wakes_at_close(parking: str) -> None:
     channel = EventChannel[int](1)
     with trio.move_on_after(1) as scope:
         await channel.wait()
@@ -121,7 +130,7 @@ def test_a_channel_needs_room_for_one_item() -> None:
         EventChannel[int](0)
 
 
-async def test_push_goes_past_the_bound_without_waiting_and_wakes_the_consumer() -> None:
+async def test_push_goes_past_the_bound_without_waiting_and_wakes_the_consumer(parking: str) -> None:
     channel = EventChannel[str](1)
     channel.send_nowait("a")
     got: list[str] = []
@@ -198,3 +207,37 @@ async def test_an_async_generator_sent_the_woken_outcome_receives_none() -> None
     next(plain)
     assert WOKEN.send(plain) == 1
     assert sent == [None, None]
+
+
+def test_the_kernel_parks_with_trios_own_trap_on_the_trio_it_is_built_for() -> None:
+    # If a trio release moves the trap, `park` falls back to `wait_task_rescheduled` (correct, slower):
+    # this test says so, so that the fallback is a choice, not an accident.
+    assert _wake._PARKED is not None  # noqa: SLF001
+    assert flow.park is _wake._park_with_trap  # noqa: SLF001
+
+
+async def test_a_receiver_cancelled_out_of_its_wait_is_not_woken_by_a_send_before_it_runs(parking: str) -> None:
+    # The cancellation reschedules the receiver; a send in the same step must not wake it a second time
+    # (trio would fail its own assertion): the item stays buffered for the next wait.
+    channel = EventChannel[int](4)
+    scope = trio.CancelScope()
+    outcome: list[str] = []
+
+    async def receiver() -> None:
+        with scope:
+            await channel.wait()
+            outcome.append("woken")
+        if scope.cancelled_caught:
+            outcome.append("cancelled")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receiver)
+        await trio.testing.wait_all_tasks_blocked()
+        scope.cancel()
+        channel.send_nowait(1)
+        channel.wake_receiver()
+        channel.push(2)
+    assert outcome == ["cancelled"]
+    assert list(channel.items) == [1, 2]
+    assert await channel.wait() is True  # a later wait finds them at once
+

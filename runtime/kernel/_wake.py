@@ -1,19 +1,40 @@
-"""`WOKEN`: the outcome to wake a parked task with, `trio.lowlevel.reschedule(task, WOKEN)`.
+"""`park()` and `WOKEN`: a task parks with `await park()` and is woken with `reschedule(task, WOKEN)`.
 
-trio's `reschedule(task)` builds an `outcome.Value(None)` for every wake, and the woken task's
-`unwrap()` marks it used: an allocation and two calls per wake. The kernel wakes a parked task for
-every streamed event (the query's consumer) and every answered ask, and such a wake carries
-nothing, so one immutable outcome serves them all. Imports nothing of queryloop.
+Both do what `trio.lowlevel.wait_task_rescheduled` and `trio.lowlevel.reschedule(task)` do, at less
+cost per wait; the kernel parks and wakes a task for every streamed event (the query's consumer)
+and every answered ask.
+
+* trio's `reschedule(task)` builds an `outcome.Value(None)` for every wake, and the woken task's
+  `unwrap()` marks it used: an allocation and two calls. A wake here carries nothing, so one
+  immutable outcome, `WOKEN`, serves them all.
+* `wait_task_rescheduled(abort_fn)` is a coroutine that builds trio's trap object (an attrs
+  instance holding `abort_fn`) and yields it through one more generator. `park()` yields one trap
+  made once, whose abort function always succeeds: a frame and an allocation less per wait. The
+  trap's class is trio's own, not exported (`trio._core._traps.WaitTaskRescheduled`, what trio's run
+  loop tests a yielded value against); without it (a trio that moved it), `park()` is
+  `wait_task_rescheduled` itself, with the same abort function.
+
+A parked task is woken by whoever holds it, once: trio's contract. Since `park()`'s abort cannot say
+which waiter it cancelled, a waker tells whether the task it holds is still parked *there* by trio's
+public `Task.custom_sleep_data`, which trio resets to None whenever it reschedules a task (a wake,
+or a cancellation): the waiter sets it to its own object before `park()`, and the waker wakes only
+a task whose `custom_sleep_data` is still that object (`EventChannel`'s receiver).
+
+Imports nothing of queryloop.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import types
+from typing import TYPE_CHECKING, Any, cast
 
 from outcome import Outcome
+from trio.lowlevel import Abort, wait_task_rescheduled
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Generator
+    from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+
+    from trio.lowlevel import RaiseCancelT
 
 
 class _Woken(Outcome[None]):
@@ -32,3 +53,36 @@ class _Woken(Outcome[None]):
 
 
 WOKEN = _Woken()
+
+
+def _abort_succeeds(_: RaiseCancelT) -> Abort:
+    """A parked task's abort: always possible (its waker checks `custom_sleep_data` before it wakes it)."""
+    return Abort.SUCCEEDED
+
+
+def _trap() -> object | None:
+    try:
+        from trio._core._traps import WaitTaskRescheduled  # trio's own trap, not exported
+    except ImportError:  # pragma: no cover - a trio that moved it: `park` is the public call
+        return None
+    return WaitTaskRescheduled(_abort_succeeds)
+
+
+_PARKED = _trap()
+
+
+@types.coroutine
+def _park_with_trap() -> Generator[object, Outcome[Any], None]:
+    woken = yield _PARKED
+    if woken is not WOKEN:
+        woken.unwrap()  # raises the cancellation (or KeyboardInterrupt) trio delivered instead
+
+
+async def _park_public() -> None:
+    await wait_task_rescheduled(_abort_succeeds)
+
+
+park: Callable[[], Awaitable[None]] = (
+    _park_public if _PARKED is None else cast("Callable[[], Awaitable[None]]", _park_with_trap)
+)
+"""Park the current task until it is rescheduled; a cancellation is raised (see the module's docstring)."""

@@ -36,7 +36,7 @@ import trio
 from outcome import Error  # trio's own result type, what `reschedule` takes
 from trio.lowlevel import Abort, RaiseCancelT, Task, current_task, reschedule, wait_task_rescheduled
 
-from queryloop.runtime.kernel._wake import WOKEN
+from queryloop.runtime.kernel._wake import WOKEN, park
 
 T = TypeVar("T")
 
@@ -71,7 +71,8 @@ class EventChannel(Generic[T]):
         receiver = self._receiver
         if receiver is not None:
             self._receiver = None
-            reschedule(receiver, WOKEN)
+            if receiver.custom_sleep_data is self:  # still parked in `wait` (not cancelled out of it)
+                reschedule(receiver, WOKEN)
 
     def push(self, item: T) -> None:
         """Append `item` even past `max_buffer` (see the module's note: only for a bounded number of items)."""
@@ -85,10 +86,7 @@ class EventChannel(Generic[T]):
             self.items.append(queued)
             reschedule(task, WOKEN)
         self.items.append(item)
-        receiver = self._receiver
-        if receiver is not None:
-            self._receiver = None
-            reschedule(receiver, WOKEN)
+        self.wake_receiver()
 
     async def send(self, item: T) -> None:
         """Send `item`, waiting for room only if the buffer is full."""
@@ -119,10 +117,7 @@ class EventChannel(Generic[T]):
     def close(self) -> None:
         """No more items: the consumer gets what is buffered, then `EndOfChannel`."""
         self._closed = True
-        receiver = self._receiver
-        if receiver is not None:
-            self._receiver = None
-            reschedule(receiver, WOKEN)
+        self.wake_receiver()
 
     # -- the consumer side ----------------------------------------------------------
 
@@ -142,15 +137,17 @@ class EventChannel(Generic[T]):
             return True
         if self._closed:
             return False
-        self._receiver = current_task()
-        await wait_task_rescheduled(self._forget_receiver)
+        # Parked with the kernel's reusable trap (`park`): a waker wakes this task only while its
+        # `custom_sleep_data` is this channel, which trio resets when the wait is cancelled.
+        receiver = self._receiver = current_task()
+        receiver.custom_sleep_data = self
+        try:
+            await park()
+        except BaseException:
+            if self._receiver is receiver:
+                self._receiver = None  # cancelled: hold no task that is not parked here
+            raise
         return bool(self.items)
-
-    def _forget_receiver(self, _: RaiseCancelT) -> Abort:
-        # `wait`'s abort function: a method, not a closure made at every wait (a wait per streamed
-        # event, when they come one at a time).
-        self._receiver = None
-        return Abort.SUCCEEDED
 
     def wake_receiver(self) -> None:
         """Wake the consumer if it waits in `wait()`, with nothing new (its `wait` then answers whether
@@ -158,7 +155,8 @@ class EventChannel(Generic[T]):
         receiver = self._receiver
         if receiver is not None:
             self._receiver = None
-            reschedule(receiver, WOKEN)
+            if receiver.custom_sleep_data is self:
+                reschedule(receiver, WOKEN)
 
     def close_receiver(self) -> None:
         """The consumer is gone: every send from now on (and every waiting one) raises `BrokenResourceError`."""
