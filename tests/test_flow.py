@@ -17,7 +17,7 @@ from queryloop.runtime.kernel.flow import EventChannel
 def parking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each channel test parks both ways: with trio's own trap, and with `wait_task_rescheduled` (the fallback)."""
     if request.param == "public_call":
-        monkeypatch.setattr(flow, "park", _wake._park_public)  # noqa: SLF001 - the fallback under test
+        monkeypatch.setattr(flow, "park", _wake._park_public)
     return str(request.param)
 
 
@@ -212,8 +212,8 @@ async def test_an_async_generator_sent_the_woken_outcome_receives_none() -> None
 def test_the_kernel_parks_with_trios_own_trap_on_the_trio_it_is_built_for() -> None:
     # If a trio release moves the trap, `park` falls back to `wait_task_rescheduled` (correct, slower):
     # this test says so, so that the fallback is a choice, not an accident.
-    assert _wake._PARKED is not None  # noqa: SLF001
-    assert flow.park is _wake._park_with_trap  # noqa: SLF001
+    assert _wake._PARKED is not None
+    assert _wake.park is _wake._park_with_trap
 
 
 async def test_a_receiver_cancelled_out_of_its_wait_is_not_woken_by_a_send_before_it_runs(parking: str) -> None:
@@ -240,4 +240,3 @@ async def test_a_receiver_cancelled_out_of_its_wait_is_not_woken_by_a_send_befor
     assert outcome == ["cancelled"]
     assert list(channel.items) == [1, 2]
     assert await channel.wait() is True  # a later wait finds them at once
-

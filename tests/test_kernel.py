@@ -69,6 +69,28 @@ class Paired(TrioActor):
         raise NotImplementedError
 
 
+async def test_an_actors_work_runs_in_a_trio_task_named_after_its_class() -> None:
+    # trio names a task after its function when it is not given a name: every piece of work would be
+    # `TrioActor._run_work`. The kernel names it once per class instead (also what a debugger shows).
+    spawned: list[str] = []
+
+    class Spawns(trio.abc.Instrument):
+        def task_spawned(self, task: trio.lowlevel.Task) -> None:
+            spawned.append(task.name)
+
+    async with Runtime.open() as runtime:
+        group = await runtime.start_group()
+        ref = group.spawn(Recorder)
+        instrument = Spawns()
+        trio.lowlevel.add_instrument(instrument)
+        try:
+            assert await ref.proxy().slow_double(4, 0) == 8
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
+        await group.close()
+    assert spawned == [f"{__name__}.Recorder work"]
+
+
 async def test_tell_ask_and_proxy_from_the_trio_thread() -> None:
     async with Runtime.open() as runtime:
         group = await runtime.start_group()

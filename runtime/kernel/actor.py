@@ -157,6 +157,13 @@ class TrioActor(pykka.Actor):
     actor_name: ClassVar[str | None] = None
     """Name used in logs and `AbortAck`s; the class name when not set."""
 
+    _work_task_name: ClassVar[str] = "queryloop.TrioActor work"
+    """The name of this class's work tasks in trio (made once per class: trio would format one per task)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._work_task_name = f"{cls.__module__}.{cls.__qualname__} work"
+
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         supervisor = current_supervisor.get(None)
         if supervisor is None:
@@ -332,7 +339,9 @@ class TrioActor(pykka.Actor):
         supervisor = self.supervisor
         try:
             # In the session's context, whatever task's mail started it (a host's, another session's).
-            supervisor._context.run(supervisor._nursery.start_soon, self._run_work, coro, reply_to, scope)  # noqa: SLF001
+            context, spawn = supervisor._context, supervisor._nursery.start_soon  # noqa: SLF001
+            # typeshed's `Context.run` does not pass keywords on to the callable's own signature.
+            context.run(spawn, self._run_work, coro, reply_to, scope, name=self._work_task_name)  # type: ignore[arg-type]
         except RuntimeError as error:  # the runtime's nursery has closed under this actor
             coro.close()
             del work[scope]
