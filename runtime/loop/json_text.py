@@ -27,8 +27,10 @@ _encode = (
 def dumps(value: Any) -> str:
     """`json.dumps(value)`, the same text; for acyclic JSON data (a cycle recurses until RecursionError)."""
     cls = value.__class__
-    if _encode is not None and (cls is dict or cls is list):  # nearly every call: no isinstance test
+    # The C encoder takes containers (a dict or a list: nearly every call, told apart without `isinstance`);
+    # a scalar is json.dumps's own fast path anyway.
+    if _encode is not None and (
+        cls is dict or cls is list or not (value is None or isinstance(value, str | int | float))
+    ):
         return "".join(_encode(value, 0))
-    if _encode is None or isinstance(value, str | int | float) or value is None:
-        return json.dumps(value)  # the C encoder takes containers; a scalar is json.dumps's fast path anyway
-    return "".join(_encode(value, 0))
+    return json.dumps(value)

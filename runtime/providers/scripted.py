@@ -32,8 +32,8 @@ _BLOCKS: TypeAdapter[list[dict[str, Any]]] = TypeAdapter(list[dict[str, Any]])
 
 def _blocks(value: Any) -> list[dict[str, Any]]:
     """A reply's content blocks: a list of dicts is taken as it is, without the copy pydantic's own
-    validation makes of every block (a reply is built per request: the harness of `../peers` builds one
-    per model call); anything else is validated as `list[dict[str, Any]]` (same errors, same coercions)."""
+    validation makes of every block (a provider that scripts its replies may build one per request);
+    anything else is validated as `list[dict[str, Any]]` (same errors, same coercions)."""
     if value.__class__ is list and all(block.__class__ is dict for block in value):
         return value
     return _BLOCKS.validate_python(value)
