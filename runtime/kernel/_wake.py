@@ -17,8 +17,9 @@ and every answered ask.
 A parked task is woken by whoever holds it, once: trio's contract. Since `park()`'s abort cannot say
 which waiter it cancelled, a waker tells whether the task it holds is still parked *there* by trio's
 public `Task.custom_sleep_data`, which trio resets to None whenever it reschedules a task (a wake,
-or a cancellation): the waiter sets it to its own object before `park()`, and the waker wakes only
-a task whose `custom_sleep_data` is still that object (`EventChannel`'s receiver).
+or a cancellation; `wait_task_rescheduled`'s documentation promises it, and trio's own memory channels
+rely on it): the waiter sets it to its own object before `park()`, and the waker wakes only a task
+whose `custom_sleep_data` is still that object (`EventChannel`'s receiver).
 
 Imports nothing of queryloop.
 """
