@@ -13,7 +13,21 @@ import pytest
 import sniffio
 import trio
 
-from queryloop import QueryloopError, QueryOptions, ResultMessage, Runtime, ScriptedModel, ToolContext, tool
+from queryloop import (
+    Allow,
+    Deny,
+    HookDecision,
+    PostToolUseInput,
+    QueryloopError,
+    QueryOptions,
+    ResultMessage,
+    Runtime,
+    ScriptedModel,
+    StopHookInput,
+    SystemMessage,
+    ToolContext,
+    tool,
+)
 from queryloop.aio import AsyncioQuery, AsyncioRuntime, AsyncioSession, RuntimeClosed
 from queryloop.runtime.host.aio_bridge import Mode
 from queryloop.runtime.loop.tools import Tool, ToolOutput
@@ -313,6 +327,119 @@ def test_an_asyncio_tool_runs_on_the_host_loop_and_an_abort_cancels_it(detected:
             await cancelled.wait()
             assert query.terminal is not None and query.terminal.reason == "aborted_tools"
             assert ran_on == [loop] and rt.host_tasks == 0 and session.live_tasks() == 0
+
+    run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_hosts_permission_prompt_and_hooks_run_on_its_asyncio_loop(mode: Mode) -> None:
+    # A web host's `can_use_tool` waits for its user's answer on asyncio objects; its hooks, memory
+    # prefetch and attachment sources are asyncio code too. Each runs on the host's loop, and a hook that
+    # raises is still reported under its own name.
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ran: list[tuple[str, str, bool]] = []
+        answer: asyncio.Queue[bool] = asyncio.Queue()
+
+        def note(what: str) -> None:
+            ran.append((what, sniffio.current_async_library(), asyncio.get_running_loop() is loop))
+
+        async def ask_the_user(name: str, tool_input: dict[str, Any]) -> Allow | Deny:
+            note("can_use_tool")
+            return Allow() if await answer.get() else Deny(message="the user said no")
+
+        async def audit(hook: PostToolUseInput) -> HookDecision | None:
+            note("post_tool_use")
+            return None
+
+        async def check(hook: StopHookInput) -> HookDecision | None:
+            note("stop")
+            return None
+
+        async def broken_check(hook: StopHookInput) -> HookDecision | None:
+            raise ValueError("no linter here")
+
+        async def recall(messages: list[Any]) -> str | None:
+            note("memory_prefetch")
+            return None
+
+        class Inbox:
+            async def collect(self) -> list[dict[str, Any]]:
+                note("attachments")
+                return []
+
+        async def echo(args: Any, ctx: ToolContext) -> str:
+            return "echoed"
+
+        async def user() -> None:
+            await answer.put(True)  # the user approves from another asyncio task
+
+        model = ScriptedModel([tools_reply(tool_use("t1", "echo")), text_reply("done")])
+        options = QueryOptions(
+            provider=model,
+            tools=[tool(name="echo")(echo)],
+            can_use_tool=ask_the_user,
+            post_tool_use_hooks=[audit],
+            stop_hooks=[check, broken_check],
+            memory_prefetch=recall,
+            attachment_sources=[Inbox()],
+        )
+        async with AsyncioRuntime.open(mode=mode) as rt, asyncio.TaskGroup() as users:
+            users.create_task(user())
+            session = await rt.open_session(options)
+            query = session.query("go")
+            async with query:
+                events = [event async for event in query]
+            result = await query.result()
+        assert result.subtype == "success" and result.result == "done"
+        assert {what for what, _, _ in ran} == {
+            "can_use_tool",
+            "post_tool_use",
+            "stop",
+            "memory_prefetch",
+            "attachments",
+        }
+        assert all(library == "asyncio" and on_loop for _, library, on_loop in ran), ran
+        errors = [e for e in events if isinstance(e, SystemMessage) and e.subtype == "hook_error"]
+        assert [e.data["hook_name"] for e in errors] == [broken_check.__qualname__]
+
+    run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_abort_cancels_a_permission_prompt_waiting_on_the_host_loop(mode: Mode) -> None:
+    async def main() -> None:
+        asked, cancelled = asyncio.Event(), asyncio.Event()
+        ran: list[str] = []
+        prompts: list[asyncio.Task[Any]] = []
+
+        async def ask_the_user(name: str, tool_input: dict[str, Any]) -> Allow | Deny:
+            prompts.append(asyncio.current_task())  # type: ignore[arg-type]
+            asked.set()
+            try:
+                await asyncio.Event().wait()  # the user never answers
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return Allow()
+
+        async def block(args: Any, ctx: ToolContext) -> str:
+            ran.append("block")
+            return "ran"
+
+        options = QueryOptions(provider=blocked_model(), tools=[tool(name="block")(block)], can_use_tool=ask_the_user)
+        async with AsyncioRuntime.open(mode=mode) as rt:
+            session = await rt.open_session(options)
+            query = session.query("go")
+            async with query:
+                await asked.wait()
+                await session.abort("user")
+                async for _ in query:
+                    pass
+            await asyncio.wait(prompts)  # its end, after the runtime's own done callback
+            assert cancelled.is_set() and prompts[0].cancelled()
+            assert query.terminal is not None and query.terminal.reason == "aborted_tools"
+            assert ran == [] and rt.host_tasks == 0 and session.live_tasks() == 0
 
     run(main)
 

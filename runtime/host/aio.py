@@ -20,7 +20,9 @@ A thin layer over the trio `Runtime`, `Session` and `QueryHandle`, through `aio_
   wait (or the first line of `aclose`): no `await` comes before it, so a host that cancels every await
   of its cleanup again (Starlette) cannot lose it. The pump then drains the query without delivering.
 * Async tools run on the host's loop (`Tool.runs_on`: "asyncio", or None under this runtime) as
-  asyncio tasks; an abort answers the tool at once on the trio side and cancels its task.
+  asyncio tasks; an abort answers the tool at once on the trio side and cancels its task. So do the
+  options' other host code: `can_use_tool`, stop and PostToolUse hooks, `memory_prefetch` and
+  attachment sources' `collect()` (a web host's permission prompt awaits its own asyncio objects).
 Imports `host.aio_bridge`, `host.aio_pipe`, `host.session`, `loop`.
 """
 
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Self
 from loguru import logger
 
 from queryloop.runtime.errors import QueryloopError, RuntimeClosed, SessionClosed
-from queryloop.runtime.host.aio_bridge import Bridge, Mode, host_tool
+from queryloop.runtime.host.aio_bridge import Bridge, HostAttachmentSource, Mode, host_callback, host_tool
 from queryloop.runtime.host.aio_pipe import Pipe
 from queryloop.runtime.loop.events import ResultMessage
 from queryloop.runtime.loop.options import QueryOptions
@@ -51,6 +53,17 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.state import ContinueReason, Terminal
 
 
+_HOSTED_FIELDS = (
+    "tools",
+    "can_use_tool",
+    "stop_hooks",
+    "post_tool_use_hooks",
+    "memory_prefetch",
+    "attachment_sources",
+)
+"""The options whose code the host writes: under this runtime it runs on the host's asyncio loop."""
+
+
 class AsyncioRuntime:
     """A queryloop runtime for asyncio programs: `async with AsyncioRuntime.open() as rt:`, or
     `rt = await AsyncioRuntime.start()` ... `await rt.aclose()` (a notebook, where it spans cells)."""
@@ -58,6 +71,8 @@ class AsyncioRuntime:
     def __init__(self, bridge: Bridge) -> None:
         self._bridge = bridge
         self._tools: dict[int, tuple[Tool, Tool]] = {}
+        self._callbacks: dict[int, tuple[Any, Any]] = {}
+        """Each callback or attachment source of the host's → its trio-side stand-in (`_hosted_fields`)."""
 
     @classmethod
     async def start(
@@ -139,16 +154,50 @@ class AsyncioRuntime:
         return AsyncioSession(self, session, options)
 
     def _hosted_options(self, options: QueryOptions) -> QueryOptions:
-        hosted = [self._hosted(tool) for tool in options.tools]
-        if all(a is b for a, b in zip(hosted, options.tools, strict=True)):
-            return options
-        return options.model_copy(update={"tools": hosted})
+        """`options` with its async tools and callbacks replaced by their stand-ins (`_hosted_fields`)."""
+        update = self._hosted_fields({name: getattr(options, name) for name in _HOSTED_FIELDS})
+        changed = {name: value for name, value in update.items() if value is not getattr(options, name)}
+        return options.model_copy(update=changed) if changed else options
 
     def _hosted_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        tools = overrides.get("tools")
-        if not isinstance(tools, list):
-            return overrides
-        return {**overrides, "tools": [self._hosted(t) if isinstance(t, Tool) else t for t in tools]}
+        hosted = self._hosted_fields({name: overrides[name] for name in _HOSTED_FIELDS if name in overrides})
+        return {**overrides, **hosted} if hosted else overrides
+
+    def _hosted_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """The options' fields whose code the host wrote for asyncio, each run on this loop through a stand-in:
+        async tools (`_hosted`), `can_use_tool`, stop and PostToolUse hooks, `memory_prefetch` and attachment
+        sources. A field that is not what `QueryOptions` takes is left as it is (its validation reports it)."""
+        hosted: dict[str, Any] = {}
+        for name, value in fields.items():
+            if name == "tools" and isinstance(value, list):
+                tools = [self._hosted(t) if isinstance(t, Tool) else t for t in value]
+                hosted[name] = value if all(a is b for a, b in zip(tools, value, strict=True)) else tools
+            elif name in ("stop_hooks", "post_tool_use_hooks") and isinstance(value, list):
+                hosted[name] = [self._on_host(hook) if callable(hook) else hook for hook in value]
+            elif name == "attachment_sources" and isinstance(value, list):
+                hosted[name] = [self._source_on_host(source) for source in value]
+            elif name in ("can_use_tool", "memory_prefetch") and callable(value):
+                hosted[name] = self._on_host(value)
+            else:
+                hosted[name] = value
+        return hosted
+
+    def _on_host(self, fn: Callable[..., Any]) -> Any:
+        return self._stand_in(fn, lambda: host_callback(self._bridge, fn))
+
+    def _source_on_host(self, source: Any) -> Any:
+        if not callable(getattr(source, "collect", None)):
+            return source
+        return self._stand_in(source, lambda: HostAttachmentSource(self._bridge, source))
+
+    def _stand_in(self, original: Any, make: Callable[[], Any]) -> Any:
+        """`original`'s stand-in, made once (so that hosting the same options again changes nothing)."""
+        known = self._callbacks.get(id(original))
+        if known is not None and known[0] is original:
+            return known[1]
+        hosted = make()
+        self._callbacks[id(original)] = (original, hosted)
+        return hosted
 
     def _hosted(self, tool: Tool) -> Tool:
         """The trio-side stand-in of an async tool that runs on this loop (made once per tool)."""

@@ -384,8 +384,33 @@ def host_tool(bridge: Bridge, tool: Tool) -> Tool:
     )
 
 
-async def _as_coroutine(awaitable: Awaitable[ToolOutput]) -> ToolOutput:
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
     return await awaitable
+
+
+def host_callback(bridge: Bridge, fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """The trio-side stand-in of an async callback of the host's (`can_use_tool`, a stop or PostToolUse
+    hook, `memory_prefetch`): each call runs on the host's asyncio loop, as an asyncio tool does, and an
+    abort cancels it there. It keeps the callback's `__qualname__`, which a `hook_error` event names."""
+
+    async def on_host(*args: Any) -> T:
+        return await bridge.run_on_host(lambda: _as_coroutine(fn(*args)))
+
+    on_host.__qualname__ = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    on_host.__name__ = getattr(fn, "__name__", on_host.__qualname__)
+    return on_host
+
+
+class HostAttachmentSource:
+    """The trio-side stand-in of an attachment source of the host's: its `collect()` runs on the host's loop."""
+
+    def __init__(self, bridge: Bridge, source: Any) -> None:
+        self.source = source
+        self._collect = host_callback(bridge, source.collect)
+
+    async def collect(self) -> list[dict[str, Any]]:
+        collected: list[dict[str, Any]] = await self._collect()
+        return collected
 
 
 class AsyncioToolContext(ToolContext):
