@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Self
 
@@ -70,9 +71,8 @@ class AsyncioRuntime:
 
     def __init__(self, bridge: Bridge) -> None:
         self._bridge = bridge
-        self._tools: dict[int, tuple[Tool, Tool]] = {}
-        self._callbacks: dict[int, tuple[Any, Any]] = {}
-        """Each callback or attachment source of the host's → its trio-side stand-in (`_hosted_fields`)."""
+        self._stand_ins: dict[int, tuple[Any, Any]] = {}
+        """Each async tool, callback or attachment source of the host's → its trio-side stand-in."""
 
     @classmethod
     async def start(
@@ -165,49 +165,39 @@ class AsyncioRuntime:
 
     def _hosted_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The options' fields whose code the host wrote for asyncio, each run on this loop through a stand-in:
-        async tools (`_hosted`), `can_use_tool`, stop and PostToolUse hooks, `memory_prefetch` and attachment
-        sources. A field that is not what `QueryOptions` takes is left as it is (its validation reports it)."""
+        async tools, `can_use_tool`, stop and PostToolUse hooks, `memory_prefetch` and attachment sources.
+        A value that is not what `QueryOptions` takes is left as it is (its validation reports it); a list
+        none of whose items needs a stand-in is kept as it is (the options then need no copy)."""
         hosted: dict[str, Any] = {}
         for name, value in fields.items():
-            if name == "tools" and isinstance(value, list):
-                tools = [self._hosted(t) if isinstance(t, Tool) else t for t in value]
-                hosted[name] = value if all(a is b for a, b in zip(tools, value, strict=True)) else tools
-            elif name in ("stop_hooks", "post_tool_use_hooks") and isinstance(value, list):
-                hosted[name] = [self._on_host(hook) if callable(hook) else hook for hook in value]
-            elif name == "attachment_sources" and isinstance(value, list):
-                hosted[name] = [self._source_on_host(source) for source in value]
-            elif name in ("can_use_tool", "memory_prefetch") and callable(value):
-                hosted[name] = self._on_host(value)
+            if isinstance(value, list):
+                items = [self._stand_in(name, item) for item in value]
+                hosted[name] = value if all(a is b for a, b in zip(items, value, strict=True)) else items
             else:
-                hosted[name] = value
+                hosted[name] = self._stand_in(name, value)
         return hosted
 
-    def _on_host(self, fn: Callable[..., Any]) -> Any:
-        return self._stand_in(fn, lambda: host_callback(self._bridge, fn))
-
-    def _source_on_host(self, source: Any) -> Any:
-        if not callable(getattr(source, "collect", None)):
-            return source
-        return self._stand_in(source, lambda: HostAttachmentSource(self._bridge, source))
-
-    def _stand_in(self, original: Any, make: Callable[[], Any]) -> Any:
-        """`original`'s stand-in, made once (so that hosting the same options again changes nothing)."""
-        known = self._callbacks.get(id(original))
+    def _stand_in(self, field: str, original: Any) -> Any:
+        """The trio-side stand-in of one value of `field` (itself if it needs none), made once: hosting the
+        same options again changes nothing."""
+        make: Callable[[], Any]
+        if field == "tools":
+            if not isinstance(original, Tool) or original.runs_in_thread or original.runs_on == "trio":
+                return original
+            make = functools.partial(host_tool, self._bridge, original)
+        elif field == "attachment_sources":
+            if not callable(getattr(original, "collect", None)):
+                return original
+            make = functools.partial(HostAttachmentSource, self._bridge, original)
+        else:  # can_use_tool, memory_prefetch, a stop or PostToolUse hook
+            if not callable(original):
+                return original
+            make = functools.partial(host_callback, self._bridge, original)
+        known = self._stand_ins.get(id(original))
         if known is not None and known[0] is original:
             return known[1]
         hosted = make()
-        self._callbacks[id(original)] = (original, hosted)
-        return hosted
-
-    def _hosted(self, tool: Tool) -> Tool:
-        """The trio-side stand-in of an async tool that runs on this loop (made once per tool)."""
-        if tool.runs_in_thread or tool.runs_on == "trio":
-            return tool
-        known = self._tools.get(id(tool))
-        if known is not None and known[0] is tool:
-            return known[1]
-        hosted = host_tool(self._bridge, tool)
-        self._tools[id(tool)] = (tool, hosted)
+        self._stand_ins[id(original)] = (original, hosted)
         return hosted
 
 
