@@ -11,10 +11,10 @@ such a response, a stop hook's feedback or a token-budget nudge, is sent as a
 `StartCall` and starts a new task), and the loop closes the feed when the query
 ends. An abort cancels the task (the call in flight, if any: closing the provider's
 stream stops billing) and is acked once it has unwound. The call's own events go straight to the
-query's event channel, in production order: every raw event as a `StreamEvent`
-and an `AssistantMessage` for each content block as it completes (its transcript record buffered
-in the session's log first, so that the consumer's handle writes it before taking the message:
-`runtime.loop.persistence`). The QueryLoop
+query's event channel, in production order: every raw event as it is (the consumer's handle wraps
+it in its `StreamEvent` as it hands it out) and an `AssistantMessage` for each content block as it
+completes (its transcript record buffered in the session's log first, so that the consumer's handle
+writes it before taking the message: `runtime.loop.persistence`). The QueryLoop
 gets, through the turn channel, each `AssistantMessage` once the consumer has it
 (to record it and pair its tool uses) and a final `CallEnded`. Each completed
 `tool_use` goes to the StreamingToolExecutor right after its message, while the
@@ -55,7 +55,7 @@ from queryloop.actors.tool_executor import AddTool, BeginTurn
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
-from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, Usage, api_error_message, stream_event
+from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, Usage, api_error_message
 from queryloop.runtime.loop.max_tokens import max_tokens_fix
 from queryloop.runtime.loop.model import MAX_TOKENS_KINDS, FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
@@ -390,11 +390,10 @@ class ModelCaller(TrioActor):
                     progress.delta_usage = raw.get("usage") or {}
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
-                event = stream_event(raw)
                 try:
-                    events.send_nowait(event)  # without a coroutine per event while there is room
+                    events.send_nowait(raw)  # without a coroutine per event while there is room
                 except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._emit(call, event)
+                    await self._emit(call, raw)
                 try:
                     completed = assembler.feed(raw)
                 except (KeyError, TypeError, ValueError, AttributeError) as error:

@@ -50,7 +50,7 @@ from queryloop.runtime.loop.agents import (
     AgentInput,
     agent_tool_description,
 )
-from queryloop.runtime.loop.events import AgentUsage, ResultMessage, Usage, UserMessage
+from queryloop.runtime.loop.events import AgentUsage, ResultMessage, Usage, UserMessage, stream_event
 from queryloop.runtime.loop.persistence import Sidechain, SidechainLog
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError
 
@@ -279,7 +279,9 @@ async def _relay(
         if not events.items and not await events.wait():
             return result
         item = events.take()
-        if type(item) is ResultMessage:
+        if type(item) is dict:  # a raw stream event, as the handle would hand it out
+            item = stream_event(item)
+        elif type(item) is ResultMessage:
             result = item
             continue
         if not hasattr(item, "parent_tool_use_id"):

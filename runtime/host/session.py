@@ -22,7 +22,14 @@ import trio
 from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, Refused, RunQuery, Settled
 from queryloop.runtime.errors import QueryInProgress, SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.events import (
+    Block,
+    QueryEvent,
+    ResultMessage,
+    TranscriptMessage,
+    UserMessage,
+    stream_event,
+)
 from queryloop.runtime.loop.options import QueryOptions
 
 if TYPE_CHECKING:
@@ -39,7 +46,10 @@ if TYPE_CHECKING:
 
 
 _BOOKKEEPING = frozenset({Settled, Refused, ResultMessage})
-"""What the handle itself looks at as it passes (`QueryHandle._received`); every other item is an event as is."""
+"""What the handle itself looks at as it passes (`QueryHandle._received`). A plain dict is a raw stream event,
+put in the channel as the provider streamed it and wrapped in its `StreamEvent` only as the consumer takes it:
+an event waiting for the consumer then keeps one object alive, not two (fewer for the collector to walk at a
+thousand queries at once). Every other item is an event as is."""
 
 
 class QueryHandle:
@@ -80,7 +90,10 @@ class QueryHandle:
                 # for all that arrived together, so nothing the consumer receives is lost to a kill.
                 transcript.write()
             item = events.take()
-            if type(item) not in _BOOKKEEPING:  # nearly every event: returned as it is
+            kind = type(item)
+            if kind is dict:  # a raw stream event (most of them): wrapped as it is handed out
+                return stream_event(item)
+            if kind not in _BOOKKEEPING:  # every other event: returned as it is
                 event: QueryEvent = item
                 return event
             received = self._received(item)
@@ -115,6 +128,8 @@ class QueryHandle:
     def _received(self, item: Any) -> QueryEvent | None:
         """What one item of the channel is to the consumer: an event, or None for the end's bookkeeping."""
         kind = type(item)
+        if kind is dict:
+            return stream_event(item)
         if kind is Settled:
             self.terminal, self.transitions = item.terminal, item.transitions
             return None
