@@ -278,7 +278,7 @@ class QueryLoop(QueryLoopContext):
             pass
         finally:
             self._run = None
-            run.control.ended.set()
+            run.control.end()
             queued, self._queued = self._queued, None
             if queued is not None:
                 self._submit(queued)

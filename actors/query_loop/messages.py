@@ -22,18 +22,30 @@ class QueryControl:
     the query ends as decided, like the reference's, whose last abort check has passed.
     """
 
-    __slots__ = ("abort_reason", "decided", "ended")
+    __slots__ = ("_ended", "abort_reason", "decided", "finished")
 
     def __init__(self) -> None:
         self.abort_reason: AbortReason | None = None
         self.decided = False
         """Set when the loop has its terminal: what is left is stopping helpers and sending the result."""
-        self.ended = trio.Event()
-        """Set once the query's work is over (its result sent, or the session closed under it)."""
+        self.finished = False
+        """Set once the query's work is over (its result sent, or the session closed under it): `end()`."""
+        self._ended: trio.Event | None = None
+        """Made only for a caller that waits for the end (most never do)."""
 
-    @property
-    def finished(self) -> bool:
-        return self.ended.is_set()
+    def end(self) -> None:
+        """The query's work is over: wake whoever waits in `wait_ended`."""
+        self.finished = True
+        if self._ended is not None:
+            self._ended.set()
+
+    async def wait_ended(self) -> None:
+        """Until `end()` (at once, without a checkpoint, if it has been called)."""
+        if self.finished:
+            return
+        if self._ended is None:
+            self._ended = trio.Event()
+        await self._ended.wait()
 
     def request_abort(self, reason: AbortReason) -> bool:
         """Record the first abort reason while it can still change the ending; True if recorded now."""

@@ -200,7 +200,7 @@ class Subagents:
 
         def crashed(_: object) -> None:
             events.close()  # the relay ends; the call answers with the failure
-            control.ended.set()  # nothing of the child's query is left to wait for: its group is closing
+            control.end()  # nothing of the child's query is left to wait for: its group is closing
 
         child.add_crash_listener(crashed)
         turn = run.turn
@@ -232,7 +232,7 @@ class Subagents:
                 if not control.finished:  # cut short (an abort, a budget stop, a discarded response)
                     control.request_abort("user")
                     await child.abort("user")
-                    await control.ended.wait()
+                    await control.wait_ended()
                 await child.close()
                 events.close_receiver()
                 if sidechain is not None:

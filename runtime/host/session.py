@@ -272,7 +272,7 @@ class Session:
         control = self._control
         if control is not None and not control.finished and not self.supervisor.closed:
             await self.abort("shutdown")
-            await control.ended.wait()  # the aborted query ends properly before its actors stop
+            await control.wait_ended()  # the aborted query ends properly before its actors stop
         await self.supervisor.close()
         if self._current_events is not None:
             self._current_events.close()

@@ -71,7 +71,9 @@ class Supervisor:
         self._live = 0
         """Actors started and not stopped yet."""
         self._closing = False
-        self._closed = trio.Event()
+        self._closed = False
+        self._closed_event: trio.Event | None = None
+        """Made only for a caller that has to wait for the close: most groups are closed when asked to be."""
         self._on_closed = on_closed
         self._crash_listeners: list[Callable[[ActorCrashed], None]] = []
         # One context holding `current_supervisor` for the whole session: the work of its actors runs in it,
@@ -88,7 +90,7 @@ class Supervisor:
 
     @property
     def closed(self) -> bool:
-        return self._closed.is_set()
+        return self._closed
 
     # -- starting actors --------------------------------------------------------
 
@@ -137,9 +139,11 @@ class Supervisor:
             self._closed_now()
 
     def _closed_now(self) -> None:
-        if self._closed.is_set():
+        if self._closed:
             return
-        self._closed.set()
+        self._closed = True
+        if self._closed_event is not None:
+            self._closed_event.set()
         parent, self.parent = self.parent, None
         if parent is not None:
             parent._child_closed(self)  # noqa: SLF001 - the tree's own bookkeeping
@@ -198,7 +202,7 @@ class Supervisor:
             trio.from_thread.run(self.close, trio_token=self._token)
             return
         self.close_nowait()
-        await self._closed.wait()
+        await self.wait_closed()
 
     def close_nowait(self) -> None:
         """Give every actor `Shutdown` without waiting for them to stop (`wait_closed` does)."""
@@ -214,8 +218,12 @@ class Supervisor:
             self._closed_now()
 
     async def wait_closed(self) -> None:
-        """Wait until the group has closed, by `close()` or by a crash."""
-        await self._closed.wait()
+        """Wait until the group has closed, by `close()` or by a crash (at once, without a checkpoint, if it has)."""
+        if self._closed:
+            return
+        if self._closed_event is None:
+            self._closed_event = trio.Event()
+        await self._closed_event.wait()
 
     def add_crash_listener(self, listener: Callable[[ActorCrashed], None]) -> None:
         """Call `listener(error)` on the trio thread when an actor of this session crashes."""
