@@ -15,6 +15,7 @@ from queryloop.runtime.loop.context import (
     COMPACT_SUMMARY_PREFIX,
     ContextLimits,
     StagedCollapse,
+    TokenCountMemo,
     apply_tool_result_budget,
     collapse_may_stage,
     commit_collapses,
@@ -174,6 +175,34 @@ def test_collapse_staging_is_skipped_below_the_warning_threshold_and_asked_from_
     assert collapse_may_stage(below, limits) is False
     assert collapse_may_stage(at, limits) is True
     assert collapse_may_stage(at, limits) == token_warning_state(threshold, limits).above_warning
+
+
+def test_a_turns_conversation_is_counted_once_for_the_collapse_and_the_pipeline_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from queryloop.runtime.loop import context
+
+    counted: list[int] = []
+    real = context.token_count_with_estimation
+
+    def spy(messages: list[TranscriptMessage]) -> int:
+        counted.append(len(messages))
+        return real(messages)
+
+    monkeypatch.setattr(context, "token_count_with_estimation", spy)
+    memo = TokenCountMemo()
+    limits = ContextLimits(context_window=200_000, max_output_tokens=8_000)  # warning from 159,000 tokens
+    conversation: list[TranscriptMessage] = [UserMessage(content="a" * 400)]
+    assert collapse_may_stage(conversation, limits, memo) is False
+    assert not context.pipeline_needed(
+        conversation, limits, max_tool_result_chars=10_000, snip_max_rounds=None, count=memo
+    )
+    assert counted == [1]  # the same list, unchanged: counted once
+    conversation.append(UserMessage(content="b" * 640_000))  # grown in place: counted again, and now above
+    assert collapse_may_stage(conversation, limits, memo) is True
+    copy = list(conversation)  # another list, even an equal one: counted again (the memo keeps the last one only)
+    assert memo(copy) == memo(conversation) == real(conversation)
+    assert counted == [1, 2, 2, 2]
 
 
 def test_token_warning_state_percent_left_counts_down_to_the_autocompact_threshold() -> None:

@@ -177,6 +177,7 @@ class QueryLoopContext(QueryLoopEnding):
             max_tool_result_chars=context.max_tool_result_chars,
             snip_max_rounds=context.snip_max_rounds,
             scan=run.oversized_scan,
+            count=run.token_count,
         ):
             return Prepared(
                 messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False

@@ -47,7 +47,7 @@ from queryloop.actors.query_loop.run import BudgetExceeded, Run
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
-from queryloop.runtime.loop.context import ContextLimits, OversizedResultScan, collapse_may_stage
+from queryloop.runtime.loop.context import ContextLimits, OversizedResultScan, TokenCountMemo, collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal
 from queryloop.runtime.loop.events import TranscriptMessage, UserMessage, api_error_message
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
@@ -128,6 +128,7 @@ class QueryLoop(QueryLoopContext):
         # whole conversation again).
         self._normalizer = IncrementalNormalizer()
         self._oversized_scan = OversizedResultScan()
+        self._token_count = TokenCountMemo()
         self._boundary = CompactBoundary()
         self._context: tuple[dict[str, str], UserMessage | None] = ({}, None)
         """The last user context and its message, kept while queries carry the same context."""
@@ -198,6 +199,7 @@ class QueryLoop(QueryLoopContext):
             options=options,
             normalizer=self._normalizer,
             oversized_scan=self._oversized_scan,
+            token_count=self._token_count,
             context_message=self._context_message(options.user_context),
             sink=message.sink,
             control=message.control,
@@ -361,7 +363,7 @@ class QueryLoop(QueryLoopContext):
                 self._start_summary(run, turn),
             )
             run.transitions.append("next_turn")
-            if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits):
+            if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits, run.token_count):
                 self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
 
     async def _begin_iteration(self, run: Run, state: State) -> None:

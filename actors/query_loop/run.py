@@ -14,7 +14,7 @@ from queryloop.actors.query_loop.messages import QueryControl
 from queryloop.actors.tool_executor import ToolResult
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
-from queryloop.runtime.loop.context import OversizedResultScan
+from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo
 from queryloop.runtime.loop.events import (
     AgentUsage,
     AssistantMessage,
@@ -109,6 +109,9 @@ class Run:
     oversized_scan: OversizedResultScan = field(default_factory=OversizedResultScan)
     """Whether the conversation holds an oversized tool result, each message looked at once (`_prepare`).
     The session's, shared by its queries (`QueryLoop`), as `normalizer` is."""
+    token_count: TokenCountMemo = field(default_factory=TokenCountMemo)
+    """The conversation's tokens, counted once per turn for both the collapse and the pipeline checks.
+    The session's, as `oversized_scan` is."""
     normalizer: IncrementalNormalizer = field(default_factory=IncrementalNormalizer)
     """Each request's `messages`: the previous request's, and only what is new normalised (`_request`).
     The session's, shared by its queries (`QueryLoop`): a query's first request normalises only what

@@ -129,6 +129,29 @@ def token_count_with_estimation(messages: list[TranscriptMessage]) -> int:
     return sum(estimate_tokens(m) for m in messages)
 
 
+class TokenCountMemo:
+    """`token_count_with_estimation`, remembering the last conversation it counted.
+
+    The loop counts a turn's conversation twice: whether a collapse may stage, at the turn's end, and
+    whether the next call needs the pipeline. In between it is the same list, unchanged (the loop's
+    conversations grow by new lists, and a step that rewrites one makes a new one): counted once.
+    """
+
+    __slots__ = ("_counted", "_length", "_tokens")
+
+    def __init__(self) -> None:
+        self._counted: list[TranscriptMessage] | None = None
+        self._length = 0
+        self._tokens = 0
+
+    def __call__(self, messages: list[TranscriptMessage]) -> int:
+        if messages is self._counted and len(messages) == self._length:
+            return self._tokens
+        tokens = token_count_with_estimation(messages)
+        self._counted, self._length, self._tokens = messages, len(messages), tokens
+        return tokens
+
+
 def pipeline_needed(
     messages: list[TranscriptMessage],
     limits: ContextLimits,
@@ -136,19 +159,21 @@ def pipeline_needed(
     max_tool_result_chars: int,
     snip_max_rounds: int | None,
     scan: OversizedResultScan | None = None,
+    count: Callable[[list[TranscriptMessage]], int] = token_count_with_estimation,
 ) -> bool:
     """Whether any step of the pipeline could change `messages` (False: the Compactor need not be asked).
 
     Below every threshold, with no oversized tool result and no snip configured, every
     step is the identity; most iterations of most queries are there. `scan` (one per session)
-    looks at each message for an oversized result once, not at every call.
+    looks at each message for an oversized result once, not at every call; `count` counts the
+    conversation's tokens (a session's `TokenCountMemo`).
     """
     if snip_max_rounds is not None:
         return True
     scan = scan if scan is not None else OversizedResultScan()
     if scan.found(messages, max_tool_result_chars):
         return True
-    return token_count_with_estimation(messages) >= limits.lowest_threshold
+    return count(messages) >= limits.lowest_threshold
 
 
 class OversizedResultScan:
@@ -186,12 +211,16 @@ class OversizedResultScan:
         return False
 
 
-def collapse_may_stage(messages: list[TranscriptMessage], limits: ContextLimits) -> bool:
+def collapse_may_stage(
+    messages: list[TranscriptMessage],
+    limits: ContextLimits,
+    count: Callable[[list[TranscriptMessage]], int] = token_count_with_estimation,
+) -> bool:
     """Whether staging a context collapse could do anything (False: the Compactor need not be told).
 
     The Compactor stages only above the warning threshold (`token_warning_state`).
     """
-    return token_count_with_estimation(messages) >= limits.warning_threshold
+    return count(messages) >= limits.warning_threshold
 
 
 # -- rounds: the unit every step removes or rewrites, so pairing survives --------------------
