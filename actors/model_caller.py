@@ -55,7 +55,7 @@ from queryloop.actors.tool_executor import AddTool, BeginTurn
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
-from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, Usage, api_error_message
+from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, Usage, api_error_message, stream_event
 from queryloop.runtime.loop.max_tokens import max_tokens_fix
 from queryloop.runtime.loop.model import MAX_TOKENS_KINDS, FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
@@ -390,10 +390,13 @@ class ModelCaller(TrioActor):
                     progress.delta_usage = raw.get("usage") or {}
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
+                # A plain dict goes as it is (the handle wraps it as the consumer takes it); anything else
+                # that passed as a dict (a subclass) is wrapped here, since the handle unwraps plain dicts only.
+                item = raw if raw.__class__ is dict else stream_event(raw)
                 try:
-                    events.send_nowait(raw)  # without a coroutine per event while there is room
+                    events.send_nowait(item)  # without a coroutine per event while there is room
                 except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._emit(call, raw)
+                    await self._emit(call, item)
                 try:
                     completed = assembler.feed(raw)
                 except (KeyError, TypeError, ValueError, AttributeError) as error:

@@ -7,6 +7,7 @@ output that cannot be sent, a stream event without a type), which must never log
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,11 @@ import pytest
 import trio
 
 from queryloop import QueryOptions, Runtime
-from queryloop.runtime.loop.events import AssistantMessage, SystemMessage
+from queryloop.runtime.loop.events import AssistantMessage, StreamEvent, SystemMessage
 from queryloop.runtime.loop.max_tokens import CONTEXT_MARGIN
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.tools import Tool, ToolContext
+from queryloop.runtime.providers.scripted import ScriptedReply, reply_events
 from tests.helpers import log_records, text_reply, tool_use, tools_reply
 from tests.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, assert_settled, run_query, served
 
@@ -289,3 +291,30 @@ async def test_a_malformed_provider_event_ends_the_query_model_error_without_a_t
             assert handle.result is not None and said in handle.result.result
             await assert_settled(session, handle, events)
     assert_no_traceback(records)
+
+
+class OrderedEventsModel:
+    """A provider (not the SDK's) that streams each event of a text reply as an `OrderedDict`."""
+
+    def __init__(self) -> None:
+        reply = ScriptedReply(
+            content=[{"type": "text", "text": "Hello."}], usage={"input_tokens": 3, "output_tokens": 2}
+        )
+        self.sent = reply_events(reply, model="claude-sonnet-5-5", message_id="m1", input_tokens=3)
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[Any, None]:
+        for event in self.sent:
+            yield OrderedDict(event)
+
+
+async def test_a_provider_streaming_dict_subclasses_gives_the_consumer_stream_events() -> None:
+    model = OrderedEventsModel()
+    async with Runtime.open() as rt:
+        session = await rt.open_session(QueryOptions(provider=model))
+        handle, events = await run_query(session)
+
+        assert not any(isinstance(e, dict) for e in events)  # nothing reached the consumer unwrapped
+        streamed = [e.event for e in events if isinstance(e, StreamEvent)]
+        assert streamed == model.sent  # every event, in order, each as its StreamEvent
+        assert handle.terminal is not None and handle.terminal.reason == "completed"
+        await assert_settled(session, handle, events)
