@@ -218,63 +218,84 @@ def _merge_parts(parts: list[_Part]) -> list[dict[str, Any]]:
 
 def normalize_messages_for_api(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
     """The Messages API `messages` for this transcript, paired and alternating (see module doc)."""
-    return _pair(_merge(messages))
+    return _normalize_parts([_api_blocks(m) for m in messages])
 
 
-def _pair(merged: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every tool_use answered once by the message after it, empty messages dropped, roles re-alternated."""
-    paired: list[dict[str, Any]] = []
-    for index, message in enumerate(merged):
-        if message["role"] == "assistant":
-            paired.append(message)
-            following = merged[index + 1] if index + 1 < len(merged) else None
-            if following is None and _uses(message):
-                paired.append(_answer(message, {"role": "user", "content": []}))
+def _normalize_parts(parts: list[_Part]) -> list[dict[str, Any]]:
+    """The messages `parts` make: merged, paired, emptied ones dropped, roles re-alternated.
+
+    Steps, in one pass over the merged messages (the hot path of every model call):
+    * consecutive same-role parts are one message (each part's list is fresh: the first one's is extended);
+    * an assistant message is kept as it is; the last one, if it has tool_uses, is followed by a user
+      message answering them;
+    * a user message becomes exactly one result per tool_use of the assistant message before it, in
+      that order, then its other blocks (`_answer`): orphans dropped, gaps filled;
+    * a message left empty is dropped, and two of one role side by side are then joined (a new dict
+      only where none is shared: every dict made here is fresh).
+    """
+    roles: list[str] = []
+    contents: list[list[Block]] = []
+    for part in parts:
+        if part is None:
             continue
-        previous = merged[index - 1] if index else None
-        paired.append(_answer(previous, message))
-    return _realternate([m for m in paired if m["content"]])
-
-
-def _uses(message: dict[str, Any] | None) -> list[str]:
-    if message is None or message["role"] != "assistant":
-        return []
-    return [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
-
-
-def _answer(assistant: dict[str, Any] | None, user: dict[str, Any]) -> dict[str, Any]:
-    """`user` with exactly one result per tool_use of `assistant`, first; orphans dropped, gaps filled."""
-    wanted = _uses(assistant)
-    by_id: dict[str, Block] = {}
-    for block in user["content"]:
-        if block.get("type") != "tool_result":
-            continue
-        if block["tool_use_id"] in wanted and block["tool_use_id"] not in by_id:
-            by_id[block["tool_use_id"]] = block
+        role, blocks = part
+        if roles and roles[-1] == role:
+            contents[-1].extend(blocks)
         else:
-            logger.warning("dropped a tool_result with no matching tool_use: {}", block["tool_use_id"])
-    for tool_id in wanted:
-        if tool_id not in by_id:
-            logger.warning("synthesized a missing tool_result for {}", tool_id)
-            by_id[tool_id] = {
-                "type": "tool_result",
-                "tool_use_id": tool_id,
-                "content": tool_error("Tool result missing"),
-                "is_error": True,
-            }
-    others = [b for b in user["content"] if b.get("type") != "tool_result"]
-    return {"role": "user", "content": [by_id[t] for t in wanted] + others}
-
-
-def _realternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # Dropping an emptied message can leave two of one role side by side: join them.
+            roles.append(role)
+            contents.append(blocks)
     out: list[dict[str, Any]] = []
-    for message in messages:
-        if out and out[-1]["role"] == message["role"]:
-            out[-1]["content"].extend(message["content"])
+    last = len(roles) - 1
+    uses: list[str] = []  # the tool_uses of the assistant message before the one at hand (merged roles alternate)
+    for index, role in enumerate(roles):
+        content = contents[index]
+        if role == "assistant":
+            uses = [b["id"] for b in content if b.get("type") == "tool_use"]
+            _put(out, role, content)
+            if index == last and uses:
+                _put(out, "user", _answer(uses, []))
         else:
-            out.append(message)
+            _put(out, role, _answer(uses, content))
+            uses = []
     return out
+
+
+def _put(out: list[dict[str, Any]], role: str, content: list[Block]) -> None:
+    if not content:
+        return
+    if out and out[-1]["role"] == role:  # an emptied message between two of one role: join them
+        out[-1]["content"].extend(content)
+    else:
+        out.append({"role": role, "content": content})
+
+
+def _answer(wanted: list[str], content: list[Block]) -> list[Block]:
+    """A user message's blocks with exactly one result per id of `wanted`, first and in that order."""
+    by_id: dict[str, Block] = {}
+    others: list[Block] = []
+    for block in content:
+        if block.get("type") != "tool_result":
+            others.append(block)
+            continue
+        tool_id = block["tool_use_id"]
+        if tool_id in wanted and tool_id not in by_id:
+            by_id[tool_id] = block
+        else:
+            logger.warning("dropped a tool_result with no matching tool_use: {}", tool_id)
+    if len(by_id) != len(wanted):
+        for tool_id in wanted:
+            if tool_id not in by_id:
+                logger.warning("synthesized a missing tool_result for {}", tool_id)
+                by_id[tool_id] = {
+                    "type": "tool_result",
+                    "tool_use_id": tool_id,
+                    "content": tool_error("Tool result missing"),
+                    "is_error": True,
+                }
+    answered = [by_id[tool_id] for tool_id in wanted]
+    if others:
+        answered.extend(others)
+    return answered
 
 
 class IncrementalNormalizer:
@@ -339,10 +360,10 @@ class IncrementalNormalizer:
         cut = _last_checkpoint(parts)
         frozen = self._frozen
         if cut:
-            _join_into(frozen, _pair(_merge_parts(parts[:cut])))
+            _join_into(frozen, _normalize_parts(parts[:cut]))
             kept[start:] = window[: cut + 1]
             del parts[:cut]
-        rest = _pair(_merge_parts(parts))
+        rest = _normalize_parts(parts)
         if not frozen:
             return rest
         out = list(frozen)
