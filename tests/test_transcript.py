@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from queryloop.runtime.loop import transcript
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
@@ -480,6 +481,58 @@ def test_normalize_output_always_alternates_and_is_valid_to_send(messages: list[
     assert all(api[i]["role"] != api[i + 1]["role"] for i in range(len(api) - 1))
     assert not api or api[0]["role"] == "user"
     assert transcript_problems(as_transcript(api)) == []
+
+
+def _step_by_step(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
+    """The module doc's normalisation, one step at a time, each a pass of its own: the oracle of the one-pass code."""
+    merged: list[dict[str, Any]] = []
+    for part in map(transcript._api_blocks, messages):
+        if part is None:
+            continue
+        role, blocks = part
+        if merged and merged[-1]["role"] == role:
+            merged[-1]["content"].extend(blocks)
+        else:
+            merged.append({"role": role, "content": list(blocks)})
+
+    def uses(message: dict[str, Any] | None) -> list[str]:
+        if message is None or message["role"] != "assistant":
+            return []
+        return [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
+
+    def answer(wanted: list[str], content: list[Block]) -> list[Block]:
+        first: dict[str, Block] = {}
+        for block in content:
+            if block.get("type") == "tool_result" and block["tool_use_id"] in wanted:
+                first.setdefault(block["tool_use_id"], block)
+        gap = {"type": "tool_result", "content": MISSING, "is_error": True}
+        results = [first.get(t, {**gap, "tool_use_id": t}) for t in wanted]
+        return results + [b for b in content if b.get("type") != "tool_result"]
+
+    paired: list[dict[str, Any]] = []
+    for index, message in enumerate(merged):
+        if message["role"] == "assistant":
+            paired.append(message)
+            if index == len(merged) - 1 and uses(message):
+                paired.append({"role": "user", "content": answer(uses(message), [])})
+        else:
+            previous = merged[index - 1] if index else None
+            paired.append({"role": "user", "content": answer(uses(previous), message["content"])})
+    alternating: list[dict[str, Any]] = []
+    for message in (m for m in paired if m["content"]):
+        if alternating and alternating[-1]["role"] == message["role"]:
+            alternating[-1]["content"].extend(message["content"])
+        else:
+            alternating.append(message)
+    return alternating
+
+
+@given(st.booleans().flatmap(lambda greeted: transcripts(greeted=greeted)))
+@example([u("hi"), a(tu("toolu_x"), tu("toolu_x")), u(tr("toolu_x", "first"), tr("toolu_x", "second"), "words")])
+def test_normalize_in_one_pass_equals_the_step_by_step_normalisation(messages: list[TranscriptMessage]) -> None:
+    """Merging, pairing, dropping emptied messages and re-alternating, fused into one pass for the hot path,
+    give exactly what the steps give one after the other (a duplicated tool_use id answered by its first result)."""
+    assert normalize_messages_for_api(messages) == _step_by_step(messages)
 
 
 class _CountingList(list[TranscriptMessage]):

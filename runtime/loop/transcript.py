@@ -11,7 +11,7 @@ synthesized, an orphan result dropped, both logged: they would be a 400).
 the tests and the scenario verdict use it, so a bug cannot hide behind the repair.
 
 `IncrementalNormalizer` gives the same result as `normalize_messages_for_api` for a conversation
-that grows between calls, normalising only what is new (the QueryLoop keeps one per query).
+that grows between calls, normalising only what is new (the QueryLoop keeps one per session).
 """
 
 from __future__ import annotations
