@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from queryloop.runtime.loop.events import Block, Usage, usage_of
+from queryloop.runtime.loop.json_text import loads
 
 if TYPE_CHECKING:
     from queryloop.runtime.loop.model import ModelProvider, ModelRequest
@@ -168,7 +169,7 @@ class ResponseAssembler:
             block["input"] = block.get("input") or {}
             return CompletedBlock(index, block)
         try:
-            parsed = json.loads(raw)
+            parsed = loads(raw)
         except json.JSONDecodeError as error:
             block["input"] = {}
             return CompletedBlock(index, block, f"InputValidationError: the input is not valid JSON ({error})")

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
-import json
 import math
 import re
 import time
@@ -50,6 +49,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
+from queryloop.runtime.loop.json_text import loads
 from queryloop.runtime.loop.max_tokens import parse_context_overflow, parse_model_output_cap
 from queryloop.runtime.loop.model import ModelError, ModelErrorKind, ModelRequest, is_prompt_too_long
 
@@ -301,7 +301,7 @@ def _decode_event(name: str | None, data: str, response: httpx2.Response, *, at_
         # An event with no data carries nothing to forward (the SDK skips these too).
         return None
     try:
-        payload: object = json.loads(data)
+        payload: object = loads(data)  # json.loads, without its Python layers (one per streamed event)
     except ValueError:
         payload = None
     if name == "error" or (isinstance(payload, dict) and payload.get("type") == "error"):
