@@ -34,7 +34,10 @@ def _blocks(value: Any) -> list[dict[str, Any]]:
     """A reply's content blocks: a list of dicts is taken as it is, without the copy pydantic's own
     validation makes of every block (a provider that scripts its replies may build one per request);
     anything else is validated as `list[dict[str, Any]]` (same errors, same coercions)."""
-    if value.__class__ is list and all(block.__class__ is dict for block in value):
+    if value.__class__ is list:
+        for block in value:  # a loop, not all(...): no generator per reply
+            if block.__class__ is not dict:
+                return _BLOCKS.validate_python(value)
         return value
     return _BLOCKS.validate_python(value)
 
