@@ -485,15 +485,7 @@ def test_normalize_output_always_alternates_and_is_valid_to_send(messages: list[
 
 def _step_by_step(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
     """The module doc's normalisation, one step at a time, each a pass of its own: the oracle of the one-pass code."""
-    merged: list[dict[str, Any]] = []
-    for part in map(transcript._api_blocks, messages):
-        if part is None:
-            continue
-        role, blocks = part
-        if merged and merged[-1]["role"] == role:
-            merged[-1]["content"].extend(blocks)
-        else:
-            merged.append({"role": role, "content": list(blocks)})
+    merged = transcript._merge(messages)  # the merging step alone, as `transcript_problems` takes it
 
     def uses(message: dict[str, Any] | None) -> list[str]:
         if message is None or message["role"] != "assistant":
