@@ -37,8 +37,9 @@ def _blocks(value: Any) -> list[dict[str, Any]]:
     if value.__class__ is list:
         for block in value:  # a loop, not all(...): no generator per reply
             if block.__class__ is not dict:
-                return _BLOCKS.validate_python(value)
-        return value
+                break
+        else:
+            return value
     return _BLOCKS.validate_python(value)
 
 
