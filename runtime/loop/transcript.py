@@ -194,7 +194,7 @@ def _merge(messages: list[TranscriptMessage]) -> list[dict[str, Any]]:
 
 
 def _merge_parts(parts: list[_Part]) -> list[dict[str, Any]]:
-    """Consecutive same-role parts joined into one message (tool results first in a user message).
+    """Consecutive same-role parts joined into one message.
 
     The parts' block lists become the messages' content: each part must be fresh (`_api_blocks` makes it so).
     """
@@ -207,12 +207,6 @@ def _merge_parts(parts: list[_Part]) -> list[dict[str, Any]]:
             merged[-1]["content"].extend(blocks)
         else:
             merged.append({"role": role, "content": blocks})
-    for api_message in merged:
-        if api_message["role"] == "user":  # tool results must open the user message that answers a tool_use
-            content = api_message["content"]
-            api_message["content"] = [b for b in content if b.get("type") == "tool_result"] + [
-                b for b in content if b.get("type") != "tool_result"
-            ]
     return merged
 
 
@@ -224,49 +218,39 @@ def normalize_messages_for_api(messages: list[TranscriptMessage]) -> list[dict[s
 def _normalize_parts(parts: list[_Part]) -> list[dict[str, Any]]:
     """The messages `parts` make: merged, paired, emptied ones dropped, roles re-alternated.
 
-    Steps, in one pass over the merged messages (the hot path of every model call):
-    * consecutive same-role parts are one message (each part's list is fresh: the first one's is extended);
+    After the merge, one pass (the hot path of every model call):
     * an assistant message is kept as it is; the last one, if it has tool_uses, is followed by a user
       message answering them;
     * a user message becomes exactly one result per tool_use of the assistant message before it, in
       that order, then its other blocks (`_answer`): orphans dropped, gaps filled;
-    * a message left empty is dropped, and two of one role side by side are then joined (a new dict
-      only where none is shared: every dict made here is fresh).
+    * a message left empty is dropped, and two of one role side by side are then joined (every dict
+      and list here is fresh: joining extends one in place).
     """
-    roles: list[str] = []
-    contents: list[list[Block]] = []
-    for part in parts:
-        if part is None:
-            continue
-        role, blocks = part
-        if roles and roles[-1] == role:
-            contents[-1].extend(blocks)
-        else:
-            roles.append(role)
-            contents.append(blocks)
+    merged = _merge_parts(parts)
     out: list[dict[str, Any]] = []
-    last = len(roles) - 1
+    last = len(merged) - 1
     uses: list[str] = []  # the tool_uses of the assistant message before the one at hand (merged roles alternate)
-    for index, role in enumerate(roles):
-        content = contents[index]
-        if role == "assistant":
-            uses = [b["id"] for b in content if b.get("type") == "tool_use"]
-            _put(out, role, content)
+    for index, message in enumerate(merged):
+        if message["role"] == "assistant":
+            uses = [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
+            _put(out, message)
             if index == last and uses:
-                _put(out, "user", _answer(uses, []))
+                _put(out, {"role": "user", "content": _answer(uses, [])})
         else:
-            _put(out, role, _answer(uses, content))
+            message["content"] = _answer(uses, message["content"])
+            _put(out, message)
             uses = []
     return out
 
 
-def _put(out: list[dict[str, Any]], role: str, content: list[Block]) -> None:
+def _put(out: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    content = message["content"]
     if not content:
         return
-    if out and out[-1]["role"] == role:  # an emptied message between two of one role: join them
+    if out and out[-1]["role"] == message["role"]:  # an emptied message between two of one role: join them
         out[-1]["content"].extend(content)
     else:
-        out.append({"role": role, "content": content})
+        out.append(message)
 
 
 def _answer(wanted: list[str], content: list[Block]) -> list[Block]:
