@@ -376,10 +376,11 @@ class QueryLoopTurns(TrioActor):
 
     @staticmethod
     def _note_text(run: Run, message: AssistantMessage) -> None:
-        text = "".join(b.get("text", "") for b in message.content if b.get("type") == "text")
         if message.message_id != run.last_message_id:
             run.last_message_id, run.last_text = message.message_id, ""
-        run.last_text += text
+        for block in message.content:  # a loop, not a join over a generator: no generator per message
+            if block.get("type") == "text":
+                run.last_text += block.get("text", "")
 
     async def _surface(self, run: Run, message: AssistantMessage) -> None:
         run.api_error_surfaced = True

@@ -89,7 +89,9 @@ class QueryHandle:
                 # Every message in the channel has its record in the log's buffer: written now, one syscall
                 # for all that arrived together, so nothing the consumer receives is lost to a kill.
                 transcript.write()
-            item = events.take()
+            item = events.items.popleft()  # `events.take()` written out: one call less an event (0.7 % of a W loop)
+            if events.waiting_senders:
+                events.admit_waiting_sender()
             kind = type(item)
             if kind is dict:  # a raw stream event (most of them): wrapped as it is handed out
                 return stream_event(item)

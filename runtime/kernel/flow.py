@@ -17,7 +17,8 @@ are schedule points even when the item could move at once. Here:
   consumer nor be dropped.
 * One consumer: it reads the buffer `items` and `take()`s from it, and calls
   `wait()` only on an empty buffer: a burst costs one wakeup and no call per item
-  to wait.
+  to wait. A consumer on the hottest path may write `take()` out: pop `items`, then
+  `admit_waiting_sender()` if `waiting_senders` holds any (one call less an item).
 * `wake_receiver()` wakes a consumer waiting in `wait()` with nothing new (the QueryLoop's
   wait on its turn, which an abort wakes instead of cancelling a scope).
 * `close()` (the producer side's end) lets the consumer drain what is buffered, after
@@ -44,7 +45,7 @@ T = TypeVar("T")
 class EventChannel(Generic[T]):
     """A bounded FIFO from any number of producer tasks to one consumer task."""
 
-    __slots__ = ("_closed", "_receiver", "_receiver_gone", "_waiting_senders", "items", "max_buffer")
+    __slots__ = ("_closed", "_receiver", "_receiver_gone", "items", "max_buffer", "waiting_senders")
 
     def __init__(self, max_buffer: int) -> None:
         if max_buffer < 1:
@@ -54,7 +55,8 @@ class EventChannel(Generic[T]):
         """The buffer, oldest first (the consumer may read and `take()` from it directly)."""
         self.max_buffer = max_buffer
         self._receiver: Task | None = None
-        self._waiting_senders: deque[tuple[Task, T]] | None = None
+        self.waiting_senders: deque[tuple[Task, T]] | None = None
+        """Senders blocked on a full buffer with their items, oldest first (None until one has waited)."""
         self._closed = False
         self._receiver_gone = False
 
@@ -80,7 +82,7 @@ class EventChannel(Generic[T]):
             raise trio.BrokenResourceError
         if self._closed:
             raise trio.ClosedResourceError
-        waiting = self._waiting_senders
+        waiting = self.waiting_senders
         while waiting:
             task, queued = waiting.popleft()
             self.items.append(queued)
@@ -97,9 +99,9 @@ class EventChannel(Generic[T]):
         else:
             return
         task = current_task()
-        waiting = self._waiting_senders
+        waiting = self.waiting_senders
         if waiting is None:
-            waiting = self._waiting_senders = deque()
+            waiting = self.waiting_senders = deque()
         entry = (task, item)
         waiting.append(entry)
 
@@ -124,12 +126,17 @@ class EventChannel(Generic[T]):
     def take(self) -> T:
         """The oldest buffered item (the buffer must not be empty); a waiting sender moves in."""
         item = self.items.popleft()
-        waiting = self._waiting_senders
-        if waiting:
-            task, queued = waiting.popleft()
-            self.items.append(queued)
-            reschedule(task, WOKEN)
+        if self.waiting_senders:
+            self.admit_waiting_sender()
         return item
+
+    def admit_waiting_sender(self) -> None:
+        """The oldest blocked sender's item joins the buffer (the consumer has made room); that sender goes on."""
+        waiting = self.waiting_senders
+        assert waiting, "no sender is waiting"
+        task, queued = waiting.popleft()
+        self.items.append(queued)
+        reschedule(task, WOKEN)
 
     async def wait(self) -> bool:
         """Wait until an item is buffered (True) or the channel is closed and empty (False)."""
@@ -162,6 +169,6 @@ class EventChannel(Generic[T]):
         """The consumer is gone: every send from now on (and every waiting one) raises `BrokenResourceError`."""
         self._receiver_gone = True
         self.items.clear()
-        waiting, self._waiting_senders = self._waiting_senders, None
+        waiting, self.waiting_senders = self.waiting_senders, None
         for task, _ in waiting or ():
             reschedule(task, Error(trio.BrokenResourceError()))
