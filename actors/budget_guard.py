@@ -145,7 +145,8 @@ class BudgetLedger:
         self._pricing: Pricing | None = None
         self._priced_model: str | None = None
         self._token_budget: int | None = None
-        self._tracker = BudgetTracker()
+        self._tracker: BudgetTracker | None = None
+        """Seed 003's gate's memory: a query's own, made only for a query with a token budget."""
 
     def begin_query(
         self,
@@ -159,7 +160,7 @@ class BudgetLedger:
         self.query_usage, self.query_cost_usd = Usage(), 0.0
         self._query_max = max_budget_usd
         self._priced_model, self._pricing = model, pricing
-        self._token_budget, self._tracker = token_budget, BudgetTracker()
+        self._token_budget, self._tracker = token_budget, None if token_budget is None else BudgetTracker()
 
     def account(self, model: str, usage: Usage, *, query_usage: bool = True) -> float:
         """Record one call's usage, priced at `model`'s rates; its cost in USD."""
@@ -197,7 +198,8 @@ class BudgetLedger:
 
     def check_token_budget(self, global_turn_tokens: int) -> TokenBudgetDecision:
         """Seed 003's gate for the current query (`CheckTokenBudget`)."""
-        return check_token_budget(self._tracker, self.agent_id, self._token_budget, global_turn_tokens)
+        tracker = self._tracker or BudgetTracker()  # without a budget the gate stops, reading nothing of it
+        return check_token_budget(tracker, self.agent_id, self._token_budget, global_turn_tokens)
 
 
 class BudgetGuard(TrioActor):

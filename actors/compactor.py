@@ -20,6 +20,7 @@ needs the pipeline never has a Compactor.
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,6 +45,7 @@ from queryloop.runtime.loop.context import (
 )
 from queryloop.runtime.loop.events import TranscriptMessage, UserMessage
 from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.pricing import context_window_for
 from queryloop.runtime.loop.stream import complete_text
 from queryloop.runtime.loop.transcript import normalize_messages_for_api
 
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
     from queryloop.actors.budget_guard import BudgetGuard
+    from queryloop.runtime.loop.options import QueryOptions
 
 MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
 """After this many failed autocompactions in a row the Compactor stops trying (a circuit breaker)."""
@@ -72,6 +75,62 @@ class ContextConfig(Message):
     microcompact_keep_recent: int
     collapse_keep_recent_rounds: int
     snip_max_rounds: int | None
+
+
+_context_key = operator.attrgetter(
+    "model",
+    "context_window",
+    "max_output_tokens",
+    "summary_output_reserve",
+    "autocompact_buffer_tokens",
+    "warning_buffer_tokens",
+    "blocking_buffer_tokens",
+    "auto_compact",
+    "reactive_compact",
+    "context_collapse",
+    "max_tool_result_chars",
+    "tool_result_preview_chars",
+    "microcompact_keep_recent",
+    "collapse_keep_recent_rounds",
+    "snip_max_rounds",
+)
+"""The options a query's `ContextConfig` is made of, read in one C call (a tuple: the key of its cache)."""
+
+_context_configs: dict[tuple[Any, ...], ContextConfig] = {}
+
+
+def context_config(options: QueryOptions) -> ContextConfig:
+    """A query's context settings, part of its config snapshot.
+
+    Frozen, so one object serves every query with the same settings: made anew for each query, the
+    two of them cost about 3.6 µs (a frozen dataclass sets each field through `object.__setattr__`),
+    against a lookup of its options' values.
+    """
+    key = _context_key(options)
+    config = _context_configs.get(key)
+    if config is None:
+        if len(_context_configs) >= 256:  # a host with ever new settings: kept bounded
+            _context_configs.clear()
+        config = _context_configs[key] = ContextConfig(
+            model=options.model,
+            limits=ContextLimits(
+                context_window=options.context_window or context_window_for(options.model),
+                max_output_tokens=options.max_output_tokens,
+                summary_output_reserve=options.summary_output_reserve,
+                autocompact_buffer=options.autocompact_buffer_tokens,
+                warning_buffer=options.warning_buffer_tokens,
+                blocking_buffer=options.blocking_buffer_tokens,
+            ),
+            auto_compact=options.auto_compact,
+            reactive_compact=options.reactive_compact,
+            context_collapse=options.context_collapse,
+            max_tool_result_chars=options.max_tool_result_chars,
+            tool_result_preview_chars=options.tool_result_preview_chars,
+            microcompact_keep_recent=options.microcompact_keep_recent,
+            collapse_keep_recent_rounds=options.collapse_keep_recent_rounds,
+            snip_max_rounds=options.snip_max_rounds,
+        )
+    return config
 
 
 @record

@@ -212,7 +212,8 @@ class StreamingToolExecutor(TrioActor):
 
         output: ToolOutput
         is_error = False
-        context = ToolContext(entry.id, report)
+        tool_use_id = entry.id
+        context = ToolContext(tool_use_id, report)
         try:
             if tool.timeout_s is None:  # no deadline, no cancel scope to pay for
                 output = await tool.run(args, context)
@@ -226,11 +227,12 @@ class StreamingToolExecutor(TrioActor):
         if output.__class__ is not str and not is_error:
             output, is_error = self._as_json(name, output)
         if not turn.post_tool_use_hooks:
-            return ToolResult(tool_use_id=entry.id, message=tool_result_message(entry.id, output, is_error=is_error))
+            message = tool_result_message(tool_use_id, output, is_error=is_error)
+            return ToolResult(tool_use_id=tool_use_id, message=message)
         hook_messages, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
         return ToolResult(
-            tool_use_id=entry.id,
-            message=tool_result_message(entry.id, output, is_error=is_error),
+            tool_use_id=tool_use_id,
+            message=tool_result_message(tool_use_id, output, is_error=is_error),
             hook_messages=hook_messages,
             prevent_continuation=prevent,
         )

@@ -6,10 +6,13 @@ Every step must keep each `tool_use` paired with its `tool_result`: the checks u
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from queryloop.actors.compactor import ContextConfig, context_config
 from queryloop.runtime.loop.context import (
     CLEARED_TOOL_RESULT,
     COMPACT_SUMMARY_PREFIX,
@@ -38,6 +41,8 @@ from queryloop.runtime.loop.events import (
     Usage,
     UserMessage,
 )
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.pricing import context_window_for
 from queryloop.runtime.loop.transcript import messages_after_compact_boundary, transcript_problems
 from tests.blocks import text, tool_result, tool_use
 from tests.helpers import count_size_measures
@@ -795,3 +800,40 @@ def test_the_oversized_result_scan_measures_each_message_once_as_the_conversatio
         snip_max_rounds=None,
         scan=scan,
     )
+
+
+def test_context_config_is_one_object_per_setting_and_follows_every_option_it_reads() -> None:
+    """A query's `ContextConfig` is kept per setting: equal options share one, and every option it is made
+    of changes it (a field added to the config but not to the cache's key would serve a stale one)."""
+    first = context_config(QueryOptions())
+    assert context_config(QueryOptions()) is first
+    assert first.limits.context_window == context_window_for(QueryOptions().model)
+    on_config = {
+        "auto_compact": False,
+        "reactive_compact": False,
+        "context_collapse": False,
+        "max_tool_result_chars": 1_000,
+        "tool_result_preview_chars": 10,
+        "microcompact_keep_recent": 1,
+        "collapse_keep_recent_rounds": 2,
+        "snip_max_rounds": 3,
+    }
+    on_limits = {  # option → the `ContextLimits` field it sets
+        "context_window": ("context_window", 50_000),
+        "max_output_tokens": ("max_output_tokens", 4_000),
+        "summary_output_reserve": ("summary_output_reserve", 9_000),
+        "autocompact_buffer_tokens": ("autocompact_buffer", 1_000),
+        "warning_buffer_tokens": ("warning_buffer", 2_000),
+        "blocking_buffer_tokens": ("blocking_buffer", 500),
+    }
+    assert set(on_config) == {f.name for f in dataclasses.fields(ContextConfig)} - {"model", "limits"}
+    assert {field for field, _ in on_limits.values()} == {f.name for f in dataclasses.fields(first.limits) if f.init}
+    for name, value in on_config.items():
+        config = context_config(QueryOptions(**{name: value}))
+        assert getattr(config, name) == value, name
+    for name, (field, value) in on_limits.items():
+        config = context_config(QueryOptions(**{name: value}))
+        assert getattr(config.limits, field) == value, name
+    other = context_config(QueryOptions(model="claude-opus-5"))
+    assert other.model == "claude-opus-5"
+    assert other.limits.context_window == context_window_for("claude-opus-5")

@@ -289,6 +289,8 @@ class QueryLoopContext(QueryLoopEnding):
         A source that raises is skipped and logged, as a failed memory prefetch is: its
         context is lost for this turn, never the session.
         """
+        if not run.options.attachment_sources and (run.memory is None or run.memory_used):
+            return []  # nothing can have arisen (most turns of most queries)
         found: list[dict[str, Any]] = []
         for source in run.options.attachment_sources:
             try:

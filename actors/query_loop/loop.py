@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from queryloop.actors.budget_guard import BeginQuery, BudgetLedger, BudgetStatus
-from queryloop.actors.compactor import ContextConfig, StageCollapse
+from queryloop.actors.compactor import StageCollapse, context_config
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE
 from queryloop.actors.query_loop.context import QueryLoopContext
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, Refused, RunQuery
@@ -47,11 +47,10 @@ from queryloop.actors.query_loop.run import BudgetExceeded, Run
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
-from queryloop.runtime.loop.context import ContextLimits, OversizedResultScan, TokenCountMemo, collapse_may_stage
+from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo, collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal
 from queryloop.runtime.loop.events import TranscriptMessage, UserMessage, api_error_message
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
-from queryloop.runtime.loop.pricing import context_window_for
 from queryloop.runtime.loop.state import (
     COMPLETED,
     State,
@@ -213,25 +212,7 @@ class QueryLoop(QueryLoopContext):
             tool_schemas=[t.api_schema() for t in tools],
             tools={t.name: t for t in tools},
             started=time.monotonic(),
-            context=ContextConfig(
-                model=options.model,
-                limits=ContextLimits(
-                    context_window=options.context_window or context_window_for(options.model),
-                    max_output_tokens=options.max_output_tokens,
-                    summary_output_reserve=options.summary_output_reserve,
-                    autocompact_buffer=options.autocompact_buffer_tokens,
-                    warning_buffer=options.warning_buffer_tokens,
-                    blocking_buffer=options.blocking_buffer_tokens,
-                ),
-                auto_compact=options.auto_compact,
-                reactive_compact=options.reactive_compact,
-                context_collapse=options.context_collapse,
-                max_tool_result_chars=options.max_tool_result_chars,
-                tool_result_preview_chars=options.tool_result_preview_chars,
-                microcompact_keep_recent=options.microcompact_keep_recent,
-                collapse_keep_recent_rounds=options.collapse_keep_recent_rounds,
-                snip_max_rounds=options.snip_max_rounds,
-            ),
+            context=context_config(options),
         )
 
     async def _query(self, message: RunQuery) -> None:
