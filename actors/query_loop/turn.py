@@ -193,7 +193,7 @@ class QueryLoopTurns(TrioActor):
         # abort cancels too.
         items = channel.items
         control = run.control
-        while not turn_done(turn) and run.terminal is None and control.abort_reason is None:
+        while run.terminal is None and control.abort_reason is None:
             if not items:
                 run.waiting = True
                 try:
@@ -201,7 +201,12 @@ class QueryLoopTurns(TrioActor):
                 finally:
                     run.waiting = False
                 continue
-            await self._dispatch(run, turn, channel.take())
+            item = items.popleft()  # `channel.take()` written out (`EventChannel`'s note)
+            if channel.waiting_senders:
+                channel.admit_waiting_sender()
+            await self._dispatch(run, turn, item)
+            if turn_done(turn):  # only an item changes it: a fresh turn is not done, and a wait changes nothing
+                break
         return turn
 
     def _request(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:

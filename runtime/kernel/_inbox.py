@@ -126,7 +126,8 @@ class Dispatcher:
                 actor = inbox._actor  # noqa: SLF001
                 assert actor is not None
                 actor._handle_envelope(envelope)  # noqa: SLF001 - it routes every Exception itself
-                inbox.wake()
+                if inbox._normal or inbox._urgent:  # noqa: SLF001 - more mail: in turn again (most inboxes: none)
+                    inbox.wake()
         finally:
             self._running = False
             if ready:

@@ -88,7 +88,8 @@ class EventChannel(Generic[T]):
             self.items.append(queued)
             reschedule(task, WOKEN)
         self.items.append(item)
-        self.wake_receiver()
+        if self._receiver is not None:
+            self.wake_receiver()
 
     async def send(self, item: T) -> None:
         """Send `item`, waiting for room only if the buffer is full."""
@@ -119,7 +120,8 @@ class EventChannel(Generic[T]):
     def close(self) -> None:
         """No more items: the consumer gets what is buffered, then `EndOfChannel`."""
         self._closed = True
-        self.wake_receiver()
+        if self._receiver is not None:
+            self.wake_receiver()
 
     # -- the consumer side ----------------------------------------------------------
 
