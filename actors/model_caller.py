@@ -55,7 +55,15 @@ from queryloop.actors.tool_executor import AddTool, BeginTurn
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
-from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, Usage, api_error_message, stream_event
+from queryloop.runtime.loop.events import (
+    AssistantMessage,
+    SystemMessage,
+    Usage,
+    api_error_message,
+    assistant_message,
+    new_uuid,
+    stream_event,
+)
 from queryloop.runtime.loop.max_tokens import max_tokens_fix
 from queryloop.runtime.loop.model import MAX_TOKENS_KINDS, FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
@@ -437,8 +445,8 @@ class ModelCaller(TrioActor):
         # The message goes first: a tool is only ever started for a block the loop has seen.
         if call.progress.cut:
             return
-        message = AssistantMessage(
-            message_id=assembler.message_id, model=call.request.model, content=[completed.block], usage=assembler.usage
+        message = assistant_message(
+            new_uuid(), assembler.message_id, call.request.model, [completed.block], assembler.usage
         )
         # The consumer first, then the loop, without a checkpoint in between: an abort cannot come between the
         # two. So the message never waits for the consumer (one per block past the bound: its stream events

@@ -110,7 +110,8 @@ class Dispatcher:
             fn()
         finally:
             self._running = False
-        self._run()  # the mail `fn` sent, then the callbacks
+        if self._ready or self._after:
+            self._run()  # the mail `fn` sent, then the callbacks
         return True
 
     def _run(self) -> None:

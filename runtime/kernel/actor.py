@@ -43,6 +43,7 @@ import pykka
 import trio
 from loguru import logger
 from pykka import ActorDeadError, ActorRef
+from pykka._envelope import Envelope
 from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
 from queryloop.runtime.errors import NotInSession, WorkCancelled
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 
     from loguru import Logger
     from pykka._actor import ActorInbox
-    from pykka._envelope import Envelope
     from trio.lowlevel import TrioToken
 
 A = TypeVar("A", bound="TrioActor")
@@ -127,6 +127,13 @@ class _StoppedFlag:
 
 class TrioActorRef(ActorRef[A]):
     """pykka's `ActorRef`, with a `stop()` whose non-blocking future trio can await."""
+
+    def tell(self, message: Any) -> None:
+        """pykka's `tell`, reading the stopped flag itself: no two calls (`is_alive`, `is_set`) per message."""
+        if self.actor_stopped._set:  # type: ignore[attr-defined]  # noqa: SLF001 - our `_StoppedFlag`
+            msg = f"{self} not found"
+            raise ActorDeadError(msg)
+        self.actor_inbox.put(Envelope(message))
 
     def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
         asked: TrioFuture[None] = self.ask(_ActorStop(), block=False)  # type: ignore[assignment]
@@ -416,13 +423,10 @@ class TrioActor(pykka.Actor):
 
     def _shut_down(self) -> None:
         """`Shutdown`, from the supervisor: handled at once when its mail would be, without the mail."""
-        if not self.actor_inbox.handle_urgent_now(self._shut_down_now):  # type: ignore[attr-defined]
+        if not self.actor_inbox.handle_urgent_now(self._begin_stop):  # type: ignore[attr-defined]
             self.actor_ref.tell(_SHUTDOWN)
 
-    def _shut_down_now(self) -> None:
-        self._begin_stop(None)
-
-    def _begin_stop(self, reply_to: TrioFuture[Any] | None) -> None:
+    def _begin_stop(self, reply_to: TrioFuture[Any] | None = None) -> None:
         """Cancel all work; finish (on_stop, refuse the mail left, answer) once it has unwound."""
         if reply_to is not None:
             self._stop_reply = reply_to
@@ -446,7 +450,8 @@ class TrioActor(pykka.Actor):
         # Formatted only if mail is refused; the names, not the actor, are kept (no actor <-> inbox cycle).
         name, urn = type(self).__name__, self.actor_urn
         self.actor_inbox.close(lambda: f"{name} ({urn}) stopped before handling the message")  # type: ignore[attr-defined]
-        self._send_abort_acks()
+        if self._abort_acks:
+            self._send_abort_acks()
         if self._stop_reply is not None:
             self._stop_reply.set(None)
             self._stop_reply = None

@@ -180,6 +180,13 @@ class AssistantMessage(Event):
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
 
 
+assistant_message: Callable[[str, str, str, list[Block], Usage | None], AssistantMessage] = maker(
+    AssistantMessage, "uuid", "message_id", "model", "content", "usage"
+)
+"""`AssistantMessage(uuid=, message_id=, model=, content=, usage=)`, made a third cheaper (a `maker`): the
+ModelCaller makes one for every content block, its `uuid` given (`new_uuid()`)."""
+
+
 def api_error_message(model: str, text: str) -> AssistantMessage:
     """The synthetic assistant message that reports an API error to the user (never sent to the model)."""
     return AssistantMessage(
