@@ -169,8 +169,8 @@ class PriorityInbox:
         self._normal: deque[Envelope[Any]] = deque()
         self._gate = CLOSED
         self._scheduled = False
-        self._closed: Callable[[], str] | None = None
-        """Why mail is refused, made only when some is (an actor's name is costly to format)."""
+        self._closed: str | None = None
+        """Why mail is refused (None: it is not)."""
 
     def put(self, envelope: Envelope[Any], /) -> None:
         if threading.get_ident() == self._thread:
@@ -180,7 +180,7 @@ class PriorityInbox:
 
     def _put(self, envelope: Envelope[Any]) -> None:
         if self._closed is not None:
-            _refuse(envelope, self._closed())
+            _refuse(envelope, self._closed)
             return
         if isinstance(envelope.message, SupervisorMessage):
             if self._urgent is None:
@@ -226,13 +226,13 @@ class PriorityInbox:
     def empty(self) -> bool:
         return not (self._urgent or self._normal)
 
-    def close(self, why: Callable[[], str]) -> None:
-        """Refuse what is queued and all later mail: asks fail with `ActorDeadError(why())`."""
+    def close(self, why: str) -> None:
+        """Refuse what is queued and all later mail: asks fail with `ActorDeadError(why)`."""
         self._closed = why
         self._gate = CLOSED
         self._actor = None  # the actor ↔ inbox cycle is broken: a stopped actor is freed by refcount
         while self._urgent or self._normal:
-            _refuse(self.get(), why())
+            _refuse(self.get(), why)
 
     def __len__(self) -> int:
         return len(self._urgent or ()) + len(self._normal)

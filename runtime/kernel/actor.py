@@ -447,9 +447,9 @@ class TrioActor(pykka.Actor):
                 self.on_stop()
             except Exception:
                 self.log.exception("on_stop raised")
-        # Formatted only if mail is refused; the names, not the actor, are kept (no actor <-> inbox cycle).
-        name, urn = type(self).__name__, self.actor_urn
-        self.actor_inbox.close(lambda: f"{name} ({urn}) stopped before handling the message")  # type: ignore[attr-defined]
+        # A string, not the actor (no actor <-> inbox cycle); formatted now, as cheap as a closure to format it later.
+        why = f"{type(self).__name__} ({self.actor_urn}) stopped before handling the message"
+        self.actor_inbox.close(why)  # type: ignore[attr-defined]
         if self._abort_acks:
             self._send_abort_acks()
         if self._stop_reply is not None:

@@ -182,7 +182,8 @@ class Tool(BaseModel):
             if self.runs_on == "asyncio":
                 msg = f"tool {self.name!r} runs on asyncio: it needs a queryloop.aio.AsyncioRuntime"
                 raise ToolError(msg)
-            return await cast("AsyncToolFunction", self.call)(args, context)
+            call_async: AsyncToolFunction = self.call  # type: ignore[assignment]  # not cast(): no call per tool call
+            return await call_async(args, context)
         call = cast("SyncToolFunction", self.call)
         try:
             return await trio.to_thread.run_sync(
