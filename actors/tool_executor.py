@@ -64,6 +64,10 @@ class BeginTurn(CarrierMessage):
     control: QueryAbortFlag | None = None
     """The query's control: once an abort has reached the query, none of its tools starts any more."""
 
+    async def report(self, tool_use_id: str, data: Any) -> None:
+        """A running tool's progress, to the turn channel (each tool's `ToolContext` reports here)."""
+        await self.sink.send(ProgressEvent(tool_use_id=tool_use_id, data=data))
+
 
 @record
 class AddTool(CarrierMessage):
@@ -207,13 +211,10 @@ class StreamingToolExecutor(TrioActor):
         except ValidationError as error:
             return _failed(entry, f"InputValidationError: {error}")
 
-        async def report(tool_use_id: str, data: Any) -> None:
-            await turn.sink.send(ProgressEvent(tool_use_id=tool_use_id, data=data))
-
         output: ToolOutput
         is_error = False
         tool_use_id = entry.id
-        context = ToolContext(tool_use_id, report)
+        context = ToolContext(tool_use_id, turn.report)
         try:
             if tool.timeout_s is None:  # no deadline, no cancel scope to pay for
                 output = await tool.run(args, context)
