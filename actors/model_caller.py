@@ -382,6 +382,7 @@ class ModelCaller(TrioActor):
         stream = self.provider.stream(request)
         try:  # `aclosing` written out: two coroutines fewer per request
             events, progress = call.events, call.progress
+            buffered = events.items
             async for raw in stream:
                 # A plain dict (every event of every provider of ours) skips the isinstance call.
                 kind = raw.get("type") if raw.__class__ is dict or isinstance(raw, dict) else None
@@ -401,10 +402,12 @@ class ModelCaller(TrioActor):
                 # A plain dict goes as it is (the handle wraps it as the consumer takes it); anything else
                 # that passed as a dict (a subclass) is wrapped here, since the handle unwraps plain dicts only.
                 item = raw if raw.__class__ is dict else stream_event(raw)
-                try:
-                    events.send_nowait(item)  # without a coroutine per event while there is room
-                except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._emit(call, item)
+                if len(buffered) < events.limit:  # `events.send_nowait(item)` written out (`EventChannel`'s note)
+                    buffered.append(item)
+                    if events.receiver is not None:
+                        events.wake_receiver()
+                else:
+                    await self._emit(call, item)  # a full buffer (a slow consumer), or the consumer gone
                 try:
                     completed = assembler.feed(raw)
                 except (KeyError, TypeError, ValueError, AttributeError) as error:
