@@ -204,7 +204,10 @@ class QueryLoopTurns(TrioActor):
             item = items.popleft()  # `channel.take()` written out (`EventChannel`'s note)
             if channel.waiting_senders:
                 channel.admit_waiting_sender()
-            await self._dispatch(run, turn, item)
+            if type(item) is AssistantMessage:  # most items: the consumer has it; recorded here, nothing awaited
+                self._take_block(run, turn, item)
+            else:
+                await self._dispatch(run, turn, item)
             if turn_done(turn):  # only an item changes it: a fresh turn is not done, and a wait changes nothing
                 break
         return turn
@@ -224,12 +227,10 @@ class QueryLoopTurns(TrioActor):
         )
 
     async def _dispatch(self, run: Run, turn: Turn, item: Any) -> None:
+        """An item of the turn channel other than a block's message (`_call_once` takes those: `_take_block`)."""
         kind = type(item)
         if kind is ProgressEvent or kind is SystemMessage:
             await self._emit(run, item)
-        elif kind is AssistantMessage:  # the ModelCaller has given it to the consumer already
-            note_assistant(turn, item)
-            await self._emit(run, item, sent=True)
         elif kind is ConsumerGone:
             run.consumer_open = False  # the consumer went away: that is an abort by the user
             run.abort("user")
@@ -262,6 +263,14 @@ class QueryLoopTurns(TrioActor):
                     raise BudgetExceeded
         elif kind is Forwarded:  # a subagent's event, tagged: to the consumer only (its own log has it)
             await self._emit(run, item.event, record=False)
+
+    def _take_block(self, run: Run, turn: Turn, message: AssistantMessage) -> None:
+        """A block's message, which the ModelCaller has given to the consumer already: the turn and the
+        conversation take it (`_emit` with `sent`, without its coroutine)."""
+        note_assistant(turn, message)
+        self._keep(run, message, None, True)
+        if run.budget_exceeded and not run.ending:  # a subagent's spend reached the cap meanwhile
+            raise BudgetExceeded
 
     def _drain_in_ending(self, run: Run, turn: Turn) -> None:
         """`_dispatch` for what a turn cut short has queued: nothing waits (the ending's events are
