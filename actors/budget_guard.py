@@ -198,7 +198,8 @@ class BudgetLedger:
 
     def check_token_budget(self, global_turn_tokens: int) -> TokenBudgetDecision:
         """Seed 003's gate for the current query (`CheckTokenBudget`)."""
-        tracker = self._tracker or BudgetTracker()  # without a budget the gate stops, reading nothing of it
+        # Without a budget the gate stops at once, reading nothing of the tracker it is given.
+        tracker = self._tracker if self._tracker is not None else BudgetTracker()
         return check_token_budget(tracker, self.agent_id, self._token_budget, global_turn_tokens)
 
 

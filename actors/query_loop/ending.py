@@ -180,8 +180,8 @@ class QueryLoopEnding(QueryLoopTurns):
             workers.append(self.model_caller)  # a call in flight (or work not of this query's feed)
         if run is not None:
             run.calls.close()  # no more calls in this query: the ModelCaller's task for it ends
-        busy: list[TrioActorRef[Any]] = workers  # type: ignore[assignment]  # every helper is a TrioActor
-        return [worker.ask(_STOP_HELPERS, block=False) for worker in busy if worker.busy()]
+        helpers: list[TrioActorRef[Any]] = workers  # type: ignore[assignment]  # every helper is a TrioActor
+        return [helper.ask(_STOP_HELPERS, block=False) for helper in helpers if helper.busy()]
 
     def _settle(self, run: Run) -> BudgetStatus | TrioFuture[BudgetStatus]:
         """The query's totals, the `unsettled` calls accounted first (summaries and compactions have
