@@ -98,8 +98,8 @@ def estimate_tokens(message: TranscriptMessage) -> int:
 
 
 def _blocks_chars(blocks: list[Block]) -> int:
-    # A loop, not sum() over a generator: the loop counts every message of every turn, and a generator
-    # per message cost more than the counting (about 2,800 instructions each under callgrind).
+    # A loop, not sum() over a generator (a generator per message costs more than the counting): the loop
+    # counts the new messages of every turn. `_estimate_all` is the same for messages.
     chars = 0
     for block in blocks:
         chars += _block_chars(block)
