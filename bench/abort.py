@@ -36,7 +36,7 @@ import trio
 
 from bench import workload
 from bench.baseline import BaselineAbort, baseline_loop
-from bench.collector import PAIRS, GcMeter, add_gc_arguments, gc_setting
+from bench.collector import PAIRS, GcMeter, add_gc_arguments, collector_off, gc_setting
 from bench.loops import percentile
 from bench.profiling import RuntimeProfile, add_profile_argument
 from bench.report import check_plot_target, plot_cdf, progress
@@ -193,14 +193,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for index in range(rounds):
             slots = moments(args, args.seed + index)
             for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
-                tuned = pair == "tuned"
+                tuned, off = pair == "tuned", pair == "off"
                 gc.collect()
-                with gc_setting(tuned), meters[pair]["baseline"]:
+                with gc_setting(tuned), collector_off(off), meters[pair]["baseline"]:
                     base[pair] += await baseline_run(args, slots)
                 advance()
                 gc.collect()
                 meter = meters[pair]["runtime"]
-                with meter, profile.on():
+                with collector_off(off), meter, profile.on():
                     ours = await runtime_run(args, slots, tune_gc=tuned, meter=meter)
                 if meter.thresholds != meters[pair]["baseline"].thresholds:
                     msg = f"{pair}: the two sides ran under different thresholds ({meters[pair]})"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from bench import workload
-from bench.collector import PAIRS, GcMeter, gc_setting
+from bench.collector import PAIRS, GcMeter, collector_off, gc_setting
 from bench.loops import Round, baseline_round, pair_figures, runtime_round
 from bench.report import progress
 from queryloop.aio import AsyncioRuntime
@@ -76,18 +76,18 @@ def measure_level(c: int, args: argparse.Namespace, advance: Any) -> dict[str, A
     hops: dict[str, dict[str, int]] = {pair: {} for pair in pairs}
     for index in range(args.rounds):
         for pair in pairs[:: -1 if index % 2 else 1]:
-            tuned = pair == "tuned"
+            tuned, off = pair == "tuned", pair == "off"
             gc.collect()
-            with gc_setting(tuned), meters[pair]["baseline"]:
+            with gc_setting(tuned), collector_off(off), meters[pair]["baseline"]:
                 rounds[pair]["baseline"].append(trio.run(baseline_round, c, args.model_ms, args.tool_ms))
             gc.collect()
             meter = meters[pair]["trio"]
-            with meter:
+            with collector_off(off), meter:
                 trio_round = functools.partial(runtime_round, tune_gc=tuned, meter=meter)
                 rounds[pair]["trio"].append(trio.run(trio_round, c, args.model_ms, args.tool_ms))
             gc.collect()
             meter = meters[pair]["asyncio"]
-            with meter:
+            with collector_off(off), meter:
                 elapsed, latencies, counted = asyncio.run(asyncio_round(c, args, tune_gc=tuned, meter=meter))
             rounds[pair]["asyncio"].append((elapsed, latencies))
             for name, value in counted.items():

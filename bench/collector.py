@@ -4,7 +4,8 @@
 `Runtime.open(tune_gc=True)` sets, through the same `queryloop.runtime.host._gc`
 acquire/release) or leaves Python's own (`tuned=False`) while a block runs: the baseline's
 phase runs inside it, so that a ratio compares the two sides under the same settings. The
-runtime side opens its runtime with `tune_gc=tuned`, as a host would.
+runtime side opens its runtime with `tune_gc=tuned`, as a host would. The `off` pair runs
+both sides under `collector_off(True)`: its ratio is that of the two sides' own code.
 
 `GcMeter` measures what the collector did while a block ran, through `gc.callbacks`:
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     import argparse
     from types import TracebackType
 
-PAIRS = {"both": ("tuned", "untuned"), "tuned": ("tuned",), "untuned": ("untuned",)}
+PAIRS = {"both": ("tuned", "untuned"), "tuned": ("tuned",), "untuned": ("untuned",), "off": ("off",)}
 
 
 def add_gc_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,8 @@ def add_gc_arguments(parser: argparse.ArgumentParser) -> None:
         default="both",
         help="the collector settings each measured pair runs under, both sides alike: 'tuned' = the runtime's"
         " thresholds (Runtime.open(tune_gc=True); the baseline's phase under the same gc.set_threshold),"
-        " 'untuned' = Python's defaults on both sides; 'both' (default) measures the two pairs in one run."
+        " 'untuned' = Python's defaults on both sides; 'both' (default) measures the two pairs in one run;"
+        " 'off' = the collector disabled on both sides (what the two sides' own code costs, without it)."
         " docs/collector.md",
     )
     parser.add_argument(
@@ -79,6 +81,19 @@ def gc_setting(tuned: bool) -> Iterator[tuple[int, int, int]]:
     finally:
         if tuned:
             _gc.release()
+
+
+@contextmanager
+def collector_off(off: bool) -> Iterator[None]:
+    """The collector disabled while the block runs (`off`: the `off` pair's sides), then as it was."""
+    enabled = gc.isenabled()
+    if off:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if off and enabled:
+            gc.enable()
 
 
 @dataclass

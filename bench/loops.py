@@ -9,7 +9,9 @@ figures are then those of the largest level, and `--plot FILE.png` draws the cur
 Both sides of a ratio run under the same collector settings (bench/collector.py). By default one
 run measures two pairs: tuned (the runtime opened with `tune_gc=True`, the baseline's phase under
 the same thresholds): `throughput_ratio`; and untuned (both at Python's defaults):
-`throughput_ratio_untuned`. `--gc tuned|untuned` measures one pair (`--no-tune-gc` = untuned).
+`throughput_ratio_untuned`. `--gc tuned|untuned` measures one pair (`--no-tune-gc` = untuned);
+`--gc off` one pair with the collector disabled on both sides (`throughput_ratio_off`, `cpu_ratio_off`:
+what the two sides' own code costs).
 `--host asyncio` runs the runtime side through `queryloop.aio` under `asyncio.run`, beside the trio
 host, against the same baseline (bench/aio_loops.py says what it reports).
 Per side and pair, `gc.callbacks` measure the collector: `gc_share` (CPU in collections / CPU of
@@ -43,7 +45,7 @@ import trio
 
 from bench import workload
 from bench.baseline import BaselineAbort, BaselineLog, baseline_loop
-from bench.collector import PAIRS, GcMeter, add_gc_arguments, gc_setting, in_flight
+from bench.collector import PAIRS, GcMeter, add_gc_arguments, collector_off, gc_setting, in_flight
 from bench.profiling import RuntimeProfile, add_profile_argument
 from bench.report import check_plot_target, plot_throughput, progress
 from queryloop import Runtime
@@ -194,17 +196,17 @@ async def measure_level(c: int, args: argparse.Namespace, profile: RuntimeProfil
     meters = {pair: {"runtime": GcMeter(), "baseline": GcMeter()} for pair in pairs}
     for index in range(args.rounds):
         for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
-            tuned = pair == "tuned"
+            tuned, off = pair == "tuned", pair == "off"
             gc.collect()
             with transcript_dir(args.transcript_dir) as directory:
                 files = directory if args.transcript else None
-                with gc_setting(tuned), meters[pair]["baseline"]:
+                with gc_setting(tuned), collector_off(off), meters[pair]["baseline"]:
                     base[pair].append(await baseline_round(c, model_ms, tool_ms, transcripts=files))
             gc.collect()
             meter = meters[pair]["runtime"]
             with transcript_dir(args.transcript_dir) as directory:
                 files = directory if args.transcript else None
-                with meter, profile.on():
+                with collector_off(off), meter, profile.on():
                     ours[pair].append(
                         await runtime_round(c, model_ms, tool_ms, tune_gc=tuned, meter=meter, transcripts=files)
                     )

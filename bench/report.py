@@ -81,7 +81,7 @@ def plot_throughput(target: Path, points: Sequence[dict[str, Any]], title: str) 
     """Loops per second against concurrency, runtime and baseline, for each collector pair measured."""
     with _figure(target, title, "loops at once (concurrency)", "loops per second") as axes:
         levels = [p["concurrency"] for p in points]
-        for suffix, note, style in (("", "GC tuned", "-"), ("_untuned", "GC untuned", "--")):
+        for suffix, note, style in (("", "GC tuned", "-"), ("_untuned", "GC untuned", "--"), ("_off", "GC off", ":")):
             if f"loops_per_s{suffix}" not in points[0]:
                 continue
             ours = [p[f"loops_per_s{suffix}"] for p in points]

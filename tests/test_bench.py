@@ -59,6 +59,20 @@ def test_bench_loops_reports_both_gc_pairs_with_the_same_settings_on_both_sides(
     assert "throughput_ratio" not in only and only["throughput_ratio_untuned"] > 0
 
 
+def test_bench_loops_off_pair_runs_both_sides_without_the_collector_and_turns_it_back_on(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plot = tmp_path / "loops.png"
+    result = _run(capsys, "loops", "--concurrency", "5,20", "--rounds", "1", "--gc", "off", "--plot", str(plot))
+    assert result["throughput_ratio_off"] > 0 and result["cpu_ratio_off"] > 0
+    assert "throughput_ratio" not in result and "throughput_ratio_untuned" not in result
+    # Not one collection on either side (at Python's thresholds, 20 loops would have made several).
+    assert result["collections_off"] == [0, 0, 0] and result["baseline_collections_off"] == [0, 0, 0]
+    assert result["gc_share_off"] == 0 and result["baseline_gc_share_off"] == 0
+    assert gc.isenabled()
+    assert plot.stat().st_size > 0
+
+
 @pytest.mark.parametrize("tools", ["trio", "asyncio"])
 def test_bench_loops_on_the_asyncio_host_reports_both_hosts_ratios_and_the_cost_of_a_hop(
     capsys: pytest.CaptureFixture[str], tools: str
