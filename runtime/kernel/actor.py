@@ -164,12 +164,20 @@ class TrioActor(pykka.Actor):
     actor_name: ClassVar[str | None] = None
     """Name used in logs and `AbortAck`s; the class name when not set."""
 
+    actor_stopped: _StoppedFlag  # type: ignore[assignment]  # pykka's is a `threading.Event`: ours has its interface
+
     _work_task_name: ClassVar[str] = "queryloop.TrioActor work"
     """The name of this class's work tasks in trio (made once per class: trio would format one per task)."""
+
+    _has_on_start: ClassVar[bool] = False
+    _has_on_stop: ClassVar[bool] = False
+    """Whether the class overrides pykka's `on_start` / `on_stop` (most do not: no call to the empty hook)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._work_task_name = f"{cls.__module__}.{cls.__qualname__} work"
+        cls._has_on_start = cls.on_start is not pykka.Actor.on_start
+        cls._has_on_stop = cls.on_stop is not pykka.Actor.on_stop
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         supervisor = current_supervisor.get(None)
@@ -184,7 +192,7 @@ class TrioActor(pykka.Actor):
         # deque, for every actor of every session) since only is_set()/set() are ever used.
         self.actor_urn = f"urn:queryloop:{supervisor.session_id}:{next(_urns)}"
         self.actor_inbox = PriorityInbox(self, supervisor._token, supervisor._thread, supervisor._dispatcher)  # noqa: SLF001
-        self.actor_stopped = _StoppedFlag()  # type: ignore[assignment]
+        self.actor_stopped = _StoppedFlag()
         self._actor_ref = TrioActorRef(self)
         self.supervisor: ActorGroup = supervisor
         self._state = _NEW
@@ -225,11 +233,12 @@ class TrioActor(pykka.Actor):
         """Join the supervisor's group, run `on_start`, then open the inbox."""
         self.supervisor._launch(self)  # noqa: SLF001 - the supervisor owns the actor
         self._state = _RUNNING
-        try:
-            self.on_start()
-        except Exception as error:  # noqa: BLE001 - a crash of this actor, reported to its supervisor
-            self._crash(error)
-            return
+        if self._has_on_start:
+            try:
+                self.on_start()
+            except Exception as error:  # noqa: BLE001 - a crash of this actor, reported to its supervisor
+                self._crash(error)
+                return
         self.actor_inbox.set_gate(OPEN)  # type: ignore[attr-defined]
 
     # -- extension points of our own ----------------------------------------------
@@ -422,7 +431,10 @@ class TrioActor(pykka.Actor):
                 reply_to.set(AbortAck(actor=self.name, cancelled_work=cancelled))
 
     def _shut_down(self) -> None:
-        """`Shutdown`, from the supervisor: handled at once when its mail would be, without the mail."""
+        """`Shutdown`, from the supervisor: handled at once when its mail would be, without the mail
+        (nothing, when the actor has stopped, or crashed and is stopping)."""
+        if self.actor_stopped._set:  # noqa: SLF001 - the flag is this module's
+            return
         if not self.actor_inbox.handle_urgent_now(self._begin_stop):  # type: ignore[attr-defined]
             self.actor_ref.tell(_SHUTDOWN)
 
@@ -433,16 +445,18 @@ class TrioActor(pykka.Actor):
         if self._state >= _STOPPING:
             return
         self._state = _STOPPING
+        work = self._work
+        if not work:
+            self._finish()  # nothing to unwind: the inbox closes now, with no gate in between
+            return
         self.actor_inbox.set_gate(URGENT_ONLY)  # type: ignore[attr-defined]
-        for scope in self._work or ():
+        for scope in work:
             scope.cancel()
-        if not self._work:
-            self._finish()
 
     def _finish(self) -> None:
         self._state = _STOPPED
-        self.actor_stopped.set()
-        if not self._crashed:
+        self.actor_stopped._set = True  # noqa: SLF001 - the flag is this module's
+        if self._has_on_stop and not self._crashed:
             try:
                 self.on_stop()
             except Exception:
@@ -464,7 +478,7 @@ class TrioActor(pykka.Actor):
         while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
             error = error.exceptions[0]
         self._crashed = True
-        self.actor_stopped.set()
+        self.actor_stopped._set = True  # noqa: SLF001 - the flag is this module's
         self.log.opt(exception=error).error("actor crashed")
         try:
             self.on_failure(type(error), error, error.__traceback__)

@@ -107,7 +107,7 @@ class Supervisor:
             actor._start_actor_loop()  # noqa: SLF001
         finally:
             current_supervisor.reset(token)
-        return actor.actor_ref
+        return actor._actor_ref  # noqa: SLF001 - pykka's `actor_ref`, without its property's call
 
     def _launch(self, actor: TrioActor) -> None:
         if self._closing:
@@ -212,8 +212,7 @@ class Supervisor:
         for child in list(self.children):
             child.close_nowait()
         for actor in list(self.actors):
-            if not actor.actor_stopped.is_set():
-                actor._shut_down()  # noqa: SLF001 - the supervisor's own message to its actor
+            actor._shut_down()  # noqa: SLF001 - the supervisor's own message to its actor (a stopped one ignores it)
         if not self._live and not self.children:
             self._closed_now()
 
