@@ -86,6 +86,25 @@ def test_a_makers_record_equals_the_class_calls_and_is_frozen_as_well() -> None:
     assert maker(Sample, "name", "tags")("a", ["x"]) == Sample(name="a", tags=["x"])
 
 
+def test_a_record_is_stored_as_its_builder_and_ends_as_its_own_class_and_a_plain_subclass_as_itself() -> None:
+    # Records with enough fields are stored through a builder subclass, then given their class back:
+    # nothing of the builder may show, on either path (`__init__`, a `maker`).
+    made: list[Any] = [Sample(name="a"), maker(Sample, "name", "tags")("a", []), stream_event({}), usage_of(1, 2, 3, 4)]
+    assert [type(m) for m in made] == [Sample, Sample, StreamEvent, Usage]
+    for record_made in made:
+        name = dataclasses.fields(record_made)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(record_made, name, None)
+    assert made[0] == made[1] == Sample(name="a", tags=[])
+
+    class Tagged(Sample):  # not a record itself: it has a `__dict__`, which the builder's layout lacks
+        pass
+
+    tagged = Tagged(name="t", count=2)
+    assert type(tagged) is Tagged
+    assert (tagged.name, tagged.tags, tagged.count) == ("t", [], 2)
+
+
 def test_a_maker_refuses_a_field_without_a_plain_default_or_one_the_record_lacks() -> None:
     with pytest.raises(TypeError, match="tags has no plain default"):
         maker(Sample, "name")  # a field made by a factory must be given
