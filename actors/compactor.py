@@ -28,7 +28,7 @@ import trio
 
 from queryloop.actors.budget_guard import RecordUsage
 from queryloop.runtime.kernel.actor import TrioActor
-from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
+from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
 from queryloop.runtime.loop.context import (
     COMPACT_INSTRUCTIONS,
     ContextLimits,
@@ -148,6 +148,10 @@ class Prepared(CarrierMessage):
     pre_compact_tokens: int = 0
     snip_tokens_freed: int = 0
     blocking: bool = False
+
+
+prepared = keyword_maker(Prepared)
+"""`Prepared(...)` for the QueryLoop's every iteration (`keyword_maker`)."""
 
 
 @record

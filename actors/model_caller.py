@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.tool_executor import AddTool, BeginTurn
+from queryloop.actors.tool_executor import BeginTurn, add_tool
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
+from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     SystemMessage,
@@ -214,6 +214,11 @@ class CallEnded(CarrierMessage):
     fallback: bool = False
     stop_details: dict[str, Any] | None = None
     """The API's `stop_details` (a refusal's category and explanation), as sent."""
+
+
+start_call = keyword_maker(StartCall)
+call_ended = keyword_maker(CallEnded)
+"""`StartCall(...)` and `CallEnded(...)` for every call (`keyword_maker`)."""
 
 
 def _asks_for_more(ended: CallEnded) -> bool:
@@ -426,7 +431,7 @@ class ModelCaller(TrioActor):
             withheld = api_error_message(request.model, max_output_tokens_message(request.max_tokens))
         elif assembler.stop_reason == "model_context_window_exceeded":  # a cut-off too: recovered the same way
             withheld = api_error_message(request.model, CONTEXT_WINDOW_EXCEEDED_MESSAGE)
-        return CallEnded(
+        return call_ended(
             stop_reason=assembler.stop_reason,
             usage=assembler.usage,
             withheld=withheld,
@@ -471,7 +476,7 @@ class ModelCaller(TrioActor):
         except trio.WouldBlock:
             await call.sink.send(message)
         if completed.block.get("type") == "tool_use" and self.executor is not None:
-            self.executor.tell(AddTool(block=completed.block, turn=call.turn, input_error=completed.input_error))
+            self.executor.tell(add_tool(block=completed.block, turn=call.turn, input_error=completed.input_error))
 
     async def _emit(self, call: StartCall, event: Any) -> None:
         """To the query's consumer; waits if it is slow. A consumer gone is reported to the loop, once."""

@@ -38,7 +38,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
+from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
 from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput, hook_error_message
 from queryloop.runtime.loop.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
@@ -93,6 +93,12 @@ class ToolResult(Message):
     """What its PostToolUse hooks produced, in order: `hook_stopped_continuation` attachments and
     `hook_error` system messages; emitted after `message`."""
     prevent_continuation: bool = False
+
+
+begin_turn = keyword_maker(BeginTurn)
+add_tool = keyword_maker(AddTool)
+tool_result = keyword_maker(ToolResult)
+"""`BeginTurn(...)`, `AddTool(...)` and `ToolResult(...)` for every call and tool (`keyword_maker`)."""
 
 
 Status = Literal["queued", "executing", "delivered", "discarded"]
@@ -229,7 +235,7 @@ class StreamingToolExecutor(TrioActor):
             output, is_error = self._as_json(name, output)
         if not turn.post_tool_use_hooks:
             message = tool_result_message(tool_use_id, output, is_error=is_error)
-            return ToolResult(tool_use_id=tool_use_id, message=message)
+            return tool_result(tool_use_id=tool_use_id, message=message)
         hook_messages, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
         return ToolResult(
             tool_use_id=tool_use_id,

@@ -2,8 +2,9 @@
 
 It consumes the same `ScriptedModel` event stream, runs the same tools (concurrency-safe
 ones in parallel, started as their blocks complete), builds the same transcript objects
-(the same messages, each request normalised incrementally as the runtime's are) and yields
-the same kinds of events. An abort cancels the current phase and the loop answers every
+(the same messages, each request normalised incrementally as the runtime's are, through the
+same constructors: `stream_event`, `assistant_message`, `model_request`) and yields the same
+kinds of events. An abort cancels the current phase and the loop answers every
 open `tool_use` before its result event, as the runtime does. What the ratio measures is
 therefore what the actors, the supervision and the abort protocol cost.
 
@@ -27,13 +28,15 @@ from queryloop.runtime.loop.events import (
     AssistantMessage,
     Event,
     ResultMessage,
-    StreamEvent,
     StreamRequestStart,
     TranscriptMessage,
     Usage,
     UserMessage,
+    assistant_message,
+    new_uuid,
+    stream_event,
 )
-from queryloop.runtime.loop.model import ModelRequest
+from queryloop.runtime.loop.model import model_request
 from queryloop.runtime.loop.stream import ResponseAssembler
 from queryloop.runtime.loop.tools import Tool, ToolContext
 from queryloop.runtime.loop.transcript import (
@@ -90,7 +93,7 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
     turns = 1
     while True:
         yield StreamRequestStart()
-        request = ModelRequest.model_construct(
+        request = model_request(
             model="claude-sonnet-5-5",
             system=[],
             messages=normalizer.normalize(messages),
@@ -113,15 +116,12 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
                 assembler = ResponseAssembler()
                 async with aclosing(model.stream(request)) as stream:
                     async for raw in stream:
-                        yield StreamEvent(event=raw)
+                        yield stream_event(raw)
                         completed = assembler.feed(raw)
                         if completed is None:
                             continue
-                        message = AssistantMessage(
-                            message_id=assembler.message_id,
-                            model=request.model,
-                            content=[completed.block],
-                            usage=assembler.usage,
+                        message = assistant_message(
+                            new_uuid(), assembler.message_id, request.model, [completed.block], assembler.usage
                         )
                         assistant.append(message)
                         if log is not None:

@@ -17,6 +17,16 @@ from queryloop.actors.query_loop.messages import (
     Refused,
     RunQuery,
     Settled,
+    run_query,
 )
 
-__all__ = ["GetConversation", "GetSidechains", "QueryControl", "QueryLoop", "Refused", "RunQuery", "Settled"]
+__all__ = [
+    "GetConversation",
+    "GetSidechains",
+    "QueryControl",
+    "QueryLoop",
+    "Refused",
+    "RunQuery",
+    "Settled",
+    "run_query",
+]

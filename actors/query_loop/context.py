@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from queryloop.actors.budget_guard import CheckTokenBudget
-from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared
+from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared, prepared
 from queryloop.actors.model_caller import CallEnded
 from queryloop.actors.query_loop.ending import QueryLoopEnding
 from queryloop.actors.query_loop.run import PendingSummary, Run, Turn
@@ -179,16 +179,16 @@ class QueryLoopContext(QueryLoopEnding):
             scan=run.oversized_scan,
             count=run.token_count,
         ):
-            return Prepared(
+            return prepared(
                 messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False
             )
-        prepared: Prepared | None = None
+        answer: Prepared | None = None
         with self._phase(run):
             try:
-                prepared = await self.compactor.ask(Prepare(messages=messages, config=run.context), block=False)
+                answer = await self.compactor.ask(Prepare(messages=messages, config=run.context), block=False)
             except WorkCancelled:
-                prepared = None
-        return None if run.control.abort_reason is not None else prepared
+                answer = None
+        return None if run.control.abort_reason is not None else answer
 
     async def _install_compaction(
         self, run: Run, compacted: list[TranscriptMessage], pre_tokens: int

@@ -19,7 +19,7 @@ import trio
 
 from queryloop.actors.budget_guard import BudgetGuard, BudgetLedger, BudgetStatus, RecordUsage
 from queryloop.actors.compactor import Compactor
-from queryloop.actors.model_caller import CallEnded, ConsumerGone, StartCall
+from queryloop.actors.model_caller import CallEnded, ConsumerGone, start_call
 from queryloop.actors.query_loop.messages import Forwarded, RunQuery
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
@@ -33,7 +33,7 @@ from queryloop.actors.query_loop.run import (
     turn_done,
 )
 from queryloop.actors.summarizer import HaikuSummarizer
-from queryloop.actors.tool_executor import BeginTurn, Discard, ToolResult
+from queryloop.actors.tool_executor import Discard, ToolResult, begin_turn
 from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
@@ -47,7 +47,7 @@ from queryloop.runtime.loop.events import (
     TranscriptMessage,
     Usage,
 )
-from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest, model_request
 from queryloop.runtime.loop.state import State
 from queryloop.runtime.loop.transcript import strip_signature_blocks
 
@@ -163,14 +163,14 @@ class QueryLoopTurns(TrioActor):
             return turn  # aborted before the request: nothing is started
         await self._emit(run, StreamRequestStart())
         options = run.options
-        turn_setting = BeginTurn(
+        turn_setting = begin_turn(
             sink=channel,
             tools=run.tools,
             can_use_tool=options.can_use_tool,
             post_tool_use_hooks=options.post_tool_use_hooks,
             control=run.control,
         )
-        call = StartCall(
+        call = start_call(
             request=self._request(run, state, messages_for_query),
             sink=channel,
             events=run.sink,
@@ -215,7 +215,7 @@ class QueryLoopTurns(TrioActor):
     def _request(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
         context = run.context_message
         messages = messages_for_query if context is None else [context, *messages_for_query]
-        return ModelRequest(  # a record: built from parts already valid, nothing copied
+        return model_request(  # a record: built from parts already valid, nothing copied
             model=run.model,
             system=run.system,
             messages=run.normalizer.normalize(messages),  # only what is new since the last call (its docstring)

@@ -2,7 +2,9 @@
 
 Messages between actors are frozen records (`queryloop.runtime._records.record`: slotted dataclasses
 whose `__init__` only stores): actors build them from data already checked, so nothing is validated or
-copied on the way. Declare one as a dataclass: `@record class Ping(Message): n: int`.
+copied on the way. Declare one as a dataclass: `@record class Ping(Message): n: int`. Where one is built per
+call, per block or per tool, `ping = keyword_maker(Ping)` builds it without the dict of keywords a class
+call makes (`ping(n=1)`, the same keywords and types).
 
 A `SupervisorMessage` travels in the priority lane of an actor's inbox, ahead of every ordinary
 message already queued. It is the one kind that comes from outside the actors (a host's
@@ -15,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from queryloop.runtime._records import record
+from queryloop.runtime._records import keyword_maker, record
 
 __all__ = [
     "Abort",
@@ -25,6 +27,7 @@ __all__ = [
     "Message",
     "Shutdown",
     "SupervisorMessage",
+    "keyword_maker",
     "record",
 ]
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import ConfigDict
 
-from queryloop.runtime._records import record
+from queryloop.runtime._records import keyword_maker, record
 from queryloop.runtime.errors import QueryloopError
 from queryloop.runtime.loop.events import Model
 
@@ -60,6 +60,10 @@ class ModelRequest(Model):
     thinking: dict[str, Any] | None = None
     task_budget: dict[str, int] | None = None
     purpose: Literal["main", "summary", "compact"] = "main"
+
+
+model_request = keyword_maker(ModelRequest)
+"""`ModelRequest(...)` for the loop's every call (`keyword_maker`)."""
 
 
 class ModelError(QueryloopError):
