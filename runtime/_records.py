@@ -60,7 +60,7 @@ MAKER_BUILDER_FIELDS = 3
 
 def _builder(cls: type[Any]) -> type[Any]:
     """The subclass of `cls` an instance is while its fields are stored: no slot of its own, object's `__setattr__`."""
-    builder = cls.__dict__.get("_Builder__made")
+    builder = cls.__dict__.get("_record_builder")
     if builder is None:
         namespace = {
             "__slots__": (),
@@ -70,7 +70,7 @@ def _builder(cls: type[Any]) -> type[Any]:
             "__qualname__": f"{cls.__qualname__}.<builder>",
         }
         builder = type(f"{cls.__name__}Builder", (cls,), namespace)
-        type.__setattr__(cls, "_Builder__made", builder)
+        type.__setattr__(cls, "_record_builder", builder)  # its own: a subclass record has another
     return builder
 
 
