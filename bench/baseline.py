@@ -1,12 +1,19 @@
 """The in-run baseline: workload W as a plain trio async-generator loop, no actors.
 
-It consumes the same `ScriptedModel` event stream, runs the same tools (concurrency-safe
-ones in parallel, started as their blocks complete), builds the same transcript objects
-(the same messages, each request normalised incrementally as the runtime's are, through the
-same constructors: `stream_event`, `assistant_message`, `model_request`) and yields the same
-kinds of events. An abort cancels the current phase and the loop answers every
-open `tool_use` before its result event, as the runtime does. What the ratio measures is
-therefore what the actors, the supervision and the abort protocol cost.
+DESIGN §6 defines it: the same work, only the actors gone. It consumes the same `ScriptedModel`
+event stream, runs the same tools (concurrency-safe ones in parallel, started as their blocks
+complete), builds the same transcript objects and requests (the same system prompt and tool
+schemas; each request normalised incrementally, through the same constructors: `stream_event`,
+`assistant_message`, `model_request`) and yields the same kinds of events. It also runs the seed's
+per-turn rules through the functions the QueryLoop calls: before each call the compact boundary and
+whether the context pipeline is needed; after each tool round the `max_turns` check, `next_turn` and
+whether a collapse may stage; at the end the budget ledger's totals (cost, usage) and the result's
+fields. An abort cancels the current phase and the loop answers every open `tool_use` before its
+result event, as the runtime does. What the ratio measures is therefore what the actors, the
+supervision and the abort protocol cost.
+
+The loop has no Compactor: a conversation that would need the context pipeline, or a collapse,
+is not W's, and raises.
 
 With a `log` (a `BaselineLog`, opened and closed by the caller), the loop logs its conversation
 there as the runtime's durable transcript does: each transcript message written (a `write`
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
@@ -24,6 +32,10 @@ from typing import Any
 
 import trio
 
+from queryloop.actors.budget_guard import BudgetLedger
+from queryloop.actors.compactor import context_config
+from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo, collapse_may_stage, pipeline_needed
+from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached, result_is_error, result_subtype
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     Event,
@@ -37,16 +49,23 @@ from queryloop.runtime.loop.events import (
     stream_event,
 )
 from queryloop.runtime.loop.model import model_request
+from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT, QueryOptions
+from queryloop.runtime.loop.state import TerminalReason, initial_state, next_turn
 from queryloop.runtime.loop.stream import ResponseAssembler
 from queryloop.runtime.loop.tools import Tool, ToolContext
 from queryloop.runtime.loop.transcript import (
     INTERRUPT_MESSAGE,
     INTERRUPTED_BY_USER,
+    CompactBoundary,
     IncrementalNormalizer,
+    build_system_prompt,
     missing_tool_results,
     tool_result_message,
 )
 from queryloop.runtime.providers.scripted import ScriptedModel
+
+W_OPTIONS = QueryOptions()
+"""The settings the runtime's side runs W with (`QueryOptions`' defaults): the baseline's config."""
 
 
 class BaselineAbort:
@@ -82,32 +101,68 @@ class BaselineLog:
 
 
 async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the reference's is
-    model: ScriptedModel, tools: list[Tool], prompt: str, abort: BaselineAbort, *, log: BaselineLog | None = None
+    model: ScriptedModel,
+    tools: list[Tool],
+    prompt: str,
+    abort: BaselineAbort,
+    *,
+    options: QueryOptions = W_OPTIONS,
+    log: BaselineLog | None = None,
 ) -> AsyncGenerator[Event, None]:
     by_name = {t.name: t for t in tools}
-    messages: list[TranscriptMessage] = [UserMessage(content=prompt)]
-    if log is not None:
-        log.write(messages[0])
+    # The query's config snapshot, as `QueryLoop._new_run` takes it.
+    started = time.monotonic()
+    system = build_system_prompt(
+        DEFAULT_SYSTEM_PROMPT,
+        custom=options.system_prompt,
+        append=options.append_system_prompt,
+        system_context=options.system_context,
+    )
+    tool_schemas = [t.api_schema() for t in tools]
+    context = context_config(options)
+    ledger = BudgetLedger()
+    ledger.begin_query(
+        max_budget_usd=options.max_budget_usd,
+        token_budget=options.token_budget,
+        model=options.model,
+        pricing=options.pricing,
+    )
+    boundary, scan, count = CompactBoundary(), OversizedResultScan(), TokenCountMemo()
     normalizer = IncrementalNormalizer()
-    usage = Usage()
-    turns = 1
+    first = UserMessage(content=prompt)
+    if log is not None:
+        log.write(first)
+    state = initial_state([first])
+    unsettled: list[tuple[str, Usage]] = []
+    text, message_id = "", ""
+    stop_reason = None
     while True:
+        messages = boundary.after(state.messages)
+        if pipeline_needed(
+            messages,
+            context.limits,
+            max_tool_result_chars=context.max_tool_result_chars,
+            snip_max_rounds=context.snip_max_rounds,
+            scan=scan,
+            count=count,
+        ):
+            raise NotImplementedError(_NOT_W)
         yield StreamRequestStart()
         request = model_request(
-            model="claude-sonnet-5-5",
-            system=[],
+            model=options.model,
+            system=system,
             messages=normalizer.normalize(messages),
-            tools=[],
-            max_tokens=8000,
-            thinking=None,
-            task_budget=None,
+            tools=tool_schemas,
+            max_tokens=state.max_output_tokens_override or options.max_output_tokens,
+            thinking=options.thinking,
+            task_budget=None if options.task_budget is None else {"total": options.task_budget},
             purpose="main",
         )
         assistant: list[AssistantMessage] = []
         results: list[TranscriptMessage] = []
         send, receive = trio.open_memory_channel[UserMessage](16)
-        pending = 0
-        stop_reason = None
+        pending = tool_uses = 0
+        streamed = False
         with trio.CancelScope() as scope:
             abort.scope = scope
             if abort.reason is not None:
@@ -120,17 +175,25 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
                         completed = assembler.feed(raw)
                         if completed is None:
                             continue
+                        block = completed.block
                         message = assistant_message(
-                            new_uuid(), assembler.message_id, request.model, [completed.block], assembler.usage
+                            new_uuid(), assembler.message_id, request.model, [block], assembler.usage
                         )
                         assistant.append(message)
                         if log is not None:
                             log.write(message)
                         yield message
-                        if completed.block.get("type") == "tool_use":
+                        if message.message_id != message_id:  # the result's text: the last response's
+                            message_id, text = message.message_id, ""
+                        kind = block.get("type")
+                        if kind == "text":
+                            text += block.get("text", "")
+                        elif kind == "tool_use":
+                            tool_uses += 1
                             pending += 1
-                            nursery.start_soon(_run_tool, by_name, completed.block, send)
-                usage = usage + assembler.usage
+                            nursery.start_soon(_run_tool, by_name, block, send)
+                streamed = True
+                unsettled.append((options.model, assembler.usage))
                 stop_reason = assembler.stop_reason
                 while pending:
                     result = await receive.receive()
@@ -157,15 +220,32 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
                 yield interruption
             if log is not None:
                 await log.sync()
-            yield _result("error_during_execution", usage, turns, stop_reason)
+            reason = abort_terminal(streamed, bool(tool_uses))
+            yield _result(
+                reason, ledger, unsettled, started=started, text=text, stop_reason=stop_reason, turns=state.turn_count
+            )
             return
         if log is not None:
             await log.sync()  # a turn's end, or the query's
-        if not any(b.get("type") == "tool_use" for m in assistant for b in m.content):
-            yield _result("success", usage, turns, stop_reason)
+        if not tool_uses:
+            yield _result(
+                "completed",
+                ledger,
+                unsettled,
+                started=started,
+                text=text,
+                stop_reason=stop_reason,
+                turns=state.turn_count,
+            )
             return
-        messages = [*messages, *assistant, *results]
-        turns += 1
+        if max_turns_reached(state.turn_count, options.max_turns):
+            raise NotImplementedError(_NOT_W)
+        state = next_turn(state, [*messages, *assistant, *results])
+        if options.context_collapse and collapse_may_stage(state.messages, context.limits, count):
+            raise NotImplementedError(_NOT_W)
+
+
+_NOT_W = "the baseline runs workload W, whose context needs no compaction and whose turns are not limited"
 
 
 async def _run_tool(by_name: dict[str, Tool], block: dict[str, Any], send: trio.MemorySendChannel[UserMessage]) -> None:
@@ -178,14 +258,28 @@ async def _run_tool(by_name: dict[str, Tool], block: dict[str, Any], send: trio.
     await send.send(tool_result_message(block["id"], output, is_error=False))
 
 
-def _result(subtype: Any, usage: Usage, turns: int, stop_reason: str | None) -> ResultMessage:
+def _result(
+    reason: TerminalReason,
+    ledger: BudgetLedger,
+    unsettled: list[tuple[str, Usage]],
+    *,
+    started: float,
+    text: str,
+    stop_reason: str | None,
+    turns: int,
+) -> ResultMessage:
+    """The query's totals from the ledger, its calls accounted in one go, as the runtime's `_settle` does."""
+    for model, usage in unsettled:
+        ledger.account(model, usage)
+    totals = ledger.status()
     return ResultMessage(
-        subtype=subtype,
-        is_error=subtype != "success",
-        duration_ms=0,
+        subtype=result_subtype(reason),
+        is_error=result_is_error(reason, api_error_surfaced=False),
+        duration_ms=int((time.monotonic() - started) * 1000),
+        result=text,
         stop_reason=stop_reason,
-        total_cost_usd=0.0,
-        usage=usage,
+        total_cost_usd=totals.query_cost_usd,
+        usage=totals.query_usage,
         num_turns=turns,
     )
 

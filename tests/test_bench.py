@@ -5,13 +5,17 @@ from __future__ import annotations
 import gc
 import json
 import pstats
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench import workload
 from bench.__main__ import main as bench_main
+from bench.baseline import BaselineAbort, baseline_loop
 from bench.collector import GcMeter, gc_setting
+from queryloop import QueryOptions, ResultMessage, Runtime
 from queryloop.runtime.host import _gc
 
 
@@ -103,3 +107,26 @@ def test_bench_stream_reports_events_per_second_and_growth(capsys: pytest.Captur
     assert result["per_event_growth"] > 0 and result["growth_deltas"] == [10, 40]
     assert len(result["cells"]) == 8
     assert pstats.Stats(str(profile)).get_stats_profile().func_profiles  # a profile pstats opens
+
+
+async def test_the_baseline_does_the_runtimes_work_on_w_the_same_requests_events_and_result() -> None:
+    """DESIGN §6: the same work, only the actors gone (so the ratio prices the actors alone)."""
+    runtime_model, baseline_model = workload.model(0), workload.model(0)
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(QueryOptions(provider=runtime_model, tools=workload.tools(0)))
+        ours = [event async for event in session.query(workload.PROMPT)]
+        await session.close()
+    events = baseline_loop(baseline_model, workload.tools(0), workload.PROMPT, BaselineAbort())
+    async with aclosing(events):
+        theirs = [event async for event in events]
+
+    assert [type(e).__name__ for e in theirs] == [type(e).__name__ for e in ours]
+    assert len(baseline_model.requests) == len(runtime_model.requests) == 3
+    for mine, other in zip(baseline_model.requests, runtime_model.requests, strict=True):
+        assert mine.system == other.system and mine.tools == other.tools and mine.max_tokens == other.max_tokens
+        assert [m["content"] for m in mine.messages] == [m["content"] for m in other.messages]
+    result, reference = theirs[-1], ours[-1]
+    assert isinstance(result, ResultMessage) and isinstance(reference, ResultMessage)
+    for field in ("subtype", "is_error", "result", "stop_reason", "total_cost_usd", "usage", "num_turns"):
+        assert getattr(result, field) == getattr(reference, field), field
+    assert reference.total_cost_usd > 0 and reference.num_turns == 3
