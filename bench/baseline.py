@@ -160,7 +160,10 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
         )
         assistant: list[AssistantMessage] = []
         results: list[TranscriptMessage] = []
-        send, receive = trio.open_memory_channel[UserMessage](16)
+        # Not `open_memory_channel[UserMessage](16)`: subscripting it at run time costs a typing lookup per turn.
+        send: trio.MemorySendChannel[UserMessage]
+        receive: trio.MemoryReceiveChannel[UserMessage]
+        send, receive = trio.open_memory_channel(16)
         pending = tool_uses = 0
         streamed = False
         with trio.CancelScope() as scope:
