@@ -343,6 +343,9 @@ class QueryLoop(QueryLoopContext):
                 [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments],
                 self._start_summary(run, turn),
             )
+            # The turn's messages are in the state now: its own objects (lists, channel, the call's end) die
+            # here, not when the next call returns, so a thousand loops in flight hold a turn each, not two.
+            del turn, ended, attachments, prepared
             run.transitions.append("next_turn")
             if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits, run.token_count):
                 self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
