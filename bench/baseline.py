@@ -60,6 +60,7 @@ from queryloop.runtime.loop.transcript import (
     IncrementalNormalizer,
     build_system_prompt,
     missing_tool_results,
+    response_text,
     tool_result_message,
 )
 from queryloop.runtime.providers.scripted import ScriptedModel
@@ -186,12 +187,8 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
                         if log is not None:
                             log.write(message)
                         yield message
-                        if message.message_id != message_id:  # the result's text: the last response's
-                            message_id, text = message.message_id, ""
-                        kind = block.get("type")
-                        if kind == "text":
-                            text += block.get("text", "")
-                        elif kind == "tool_use":
+                        message_id, text = response_text(message_id, text, message)
+                        if block.get("type") == "tool_use":
                             tool_uses += 1
                             pending += 1
                             nursery.start_soon(_run_tool, by_name, block, send)

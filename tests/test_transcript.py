@@ -23,6 +23,7 @@ from queryloop.runtime.loop.transcript import (
     messages_after_compact_boundary,
     missing_tool_results,
     normalize_messages_for_api,
+    response_text,
     strip_signature_blocks,
     tool_error,
     tool_result_message,
@@ -556,3 +557,15 @@ def test_compact_boundary_tracker_searches_only_what_a_growing_conversation_gain
         if step and step != 40:
             assert _CountingList.reads <= len(added) + 1  # the new messages, and the prefix check's last one
     assert tracker.after([]) == []
+
+
+def test_the_result_text_is_the_last_responses_text_and_a_new_message_id_starts_it_again() -> None:
+    first = AssistantMessage(model="m", message_id="msg_1", content=[text("Reading ")])
+    tool = AssistantMessage(model="m", message_id="msg_1", content=[tu("t1", "read", {})])
+    more = AssistantMessage(model="m", message_id="msg_1", content=[text("both.")])
+    final = AssistantMessage(model="m", message_id="msg_2", content=[text("Done.")])
+    state = ("", "")
+    for message in (first, tool, more):
+        state = response_text(*state, message)
+    assert state == ("msg_1", "Reading both.")
+    assert response_text(*state, final) == ("msg_2", "Done.")

@@ -49,7 +49,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest, model_request
 from queryloop.runtime.loop.state import State
-from queryloop.runtime.loop.transcript import strip_signature_blocks
+from queryloop.runtime.loop.transcript import response_text, strip_signature_blocks
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -372,7 +372,7 @@ class QueryLoopTurns(TrioActor):
             else:
                 self._record(event)
             if type(event) is AssistantMessage:
-                self._note_text(run, event)
+                run.last_message_id, run.last_text = response_text(run.last_message_id, run.last_text, event)
         elif type(event) is TombstoneEvent:
             self.conversation = [m for m in self.conversation if m.uuid != event.message_uuid]
             if self.transcript is not None:
@@ -387,14 +387,6 @@ class QueryLoopTurns(TrioActor):
     async def _flush_transcript(self) -> None:
         if self.transcript is not None:
             await self.transcript.flush()
-
-    @staticmethod
-    def _note_text(run: Run, message: AssistantMessage) -> None:
-        if message.message_id != run.last_message_id:
-            run.last_message_id, run.last_text = message.message_id, ""
-        for block in message.content:  # a loop, not a join over a generator: no generator per message
-            if block.get("type") == "text":
-                run.last_text += block.get("text", "")
 
     async def _surface(self, run: Run, message: AssistantMessage) -> None:
         run.api_error_surfaced = True

@@ -137,6 +137,19 @@ def _is_thinking(block: Block) -> bool:
     return block.get("type") in ("thinking", "redacted_thinking")
 
 
+def response_text(message_id: str, text: str, message: AssistantMessage) -> tuple[str, str]:
+    """The `result`'s text (the last response's) with `message`, a block's message, added: its message id and text.
+
+    A message of a new response (another `message_id`) starts the text again.
+    """
+    if message.message_id != message_id:
+        message_id, text = message.message_id, ""
+    for block in message.content:  # a loop, not a join over a generator: no generator per message
+        if block.get("type") == "text":
+            text += block.get("text", "")
+    return message_id, text
+
+
 def user_context_message(user_context: dict[str, str]) -> UserMessage | None:
     """The user context, prepended to the messages (not the system prompt) as the reference does."""
     if not user_context:
