@@ -36,7 +36,7 @@ import trio
 
 from bench import workload
 from bench.baseline import BaselineAbort, baseline_loop
-from bench.collector import PAIRS, GcMeter, add_gc_arguments, collector_off, gc_setting
+from bench.collector import PAIRS, GcMeter, add_gc_arguments, collector_off, gc_setting, in_turn
 from bench.loops import percentile
 from bench.profiling import RuntimeProfile, add_profile_argument
 from bench.report import check_plot_target, plot_cdf, progress
@@ -194,21 +194,22 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             slots = moments(args, args.seed + index)
             for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
                 tuned, off = pair == "tuned", pair == "off"
-                gc.collect()
-                with gc_setting(tuned), collector_off(off), meters[pair]["baseline"]:
-                    base[pair] += await baseline_run(args, slots)
-                advance()
-                gc.collect()
                 meter = meters[pair]["runtime"]
-                with collector_off(off), meter, profile.on():
-                    ours = await runtime_run(args, slots, tune_gc=tuned, meter=meter)
+                for side in in_turn(("baseline", "runtime"), index):
+                    gc.collect()
+                    if side == "baseline":
+                        with gc_setting(tuned), collector_off(off), meters[pair]["baseline"]:
+                            base[pair] += await baseline_run(args, slots)
+                    else:
+                        with collector_off(off), meter, profile.on():
+                            ours = await runtime_run(args, slots, tune_gc=tuned, meter=meter)
+                        lat[pair] += ours["latencies"]
+                        violations += ours["violations"]
+                        leftover += ours["leftover"]
+                    advance()
                 if meter.thresholds != meters[pair]["baseline"].thresholds:
                     msg = f"{pair}: the two sides ran under different thresholds ({meters[pair]})"
                     raise RuntimeError(msg)
-                lat[pair] += ours["latencies"]
-                violations += ours["violations"]
-                leftover += ours["leftover"]
-                advance()
     load = f"{args.concurrency} loops at once, {args.loops_per_slot} after one another in each slot"
     load += ", all slots started together" if args.lockstep else ""
     print(f"abort under load: {load}, model {args.model_ms} ms, tools {args.tool_ms} ms, {rounds} rounds")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from bench import workload
-from bench.collector import PAIRS, GcMeter, collector_off, gc_setting
+from bench.collector import PAIRS, GcMeter, collector_off, gc_setting, in_turn
 from bench.loops import Round, baseline_round, pair_figures, runtime_round
 from bench.report import progress
 from queryloop.aio import AsyncioRuntime
@@ -77,30 +77,31 @@ def measure_level(c: int, args: argparse.Namespace, advance: Any) -> dict[str, A
     for index in range(args.rounds):
         for pair in pairs[:: -1 if index % 2 else 1]:
             tuned, off = pair == "tuned", pair == "off"
-            gc.collect()
-            with gc_setting(tuned), collector_off(off), meters[pair]["baseline"]:
-                rounds[pair]["baseline"].append(trio.run(baseline_round, c, args.model_ms, args.tool_ms))
-            gc.collect()
-            meter = meters[pair]["trio"]
-            with collector_off(off), meter:
-                trio_round = functools.partial(runtime_round, tune_gc=tuned, meter=meter)
-                rounds[pair]["trio"].append(trio.run(trio_round, c, args.model_ms, args.tool_ms))
-            gc.collect()
-            meter = meters[pair]["asyncio"]
-            with collector_off(off), meter:
-                elapsed, latencies, counted = asyncio.run(asyncio_round(c, args, tune_gc=tuned, meter=meter))
-            rounds[pair]["asyncio"].append((elapsed, latencies))
-            for name, value in counted.items():
-                hops[pair][name] = hops[pair].get(name, 0) + value
+            for side in in_turn(sides, index):
+                gc.collect()
+                meter = meters[pair][side]
+                if side == "baseline":
+                    with gc_setting(tuned), collector_off(off), meter:
+                        rounds[pair]["baseline"].append(trio.run(baseline_round, c, args.model_ms, args.tool_ms))
+                elif side == "trio":
+                    with collector_off(off), meter:
+                        trio_round = functools.partial(runtime_round, tune_gc=tuned, meter=meter)
+                        rounds[pair]["trio"].append(trio.run(trio_round, c, args.model_ms, args.tool_ms))
+                else:
+                    with collector_off(off), meter:
+                        elapsed, latencies, counted = asyncio.run(asyncio_round(c, args, tune_gc=tuned, meter=meter))
+                    rounds[pair]["asyncio"].append((elapsed, latencies))
+                    for name, value in counted.items():
+                        hops[pair][name] = hops[pair].get(name, 0) + value
         advance()
     print(f"workload W, {c} loops at once, model {args.model_ms} ms, tools {args.tool_ms} ms ({args.tools} tools),")
     print(f"  asyncio host in {args.mode} mode, best of {args.rounds} rounds")
     point: dict[str, Any] = {"concurrency": c}
     for pair in pairs:
         suffix = "" if pair == "tuned" else f"_{pair}"
-        side = rounds[pair]
-        ours = pair_figures(c, pair, side["asyncio"], side["baseline"], as_runtime(meters[pair], "asyncio"))
-        theirs = pair_figures(c, pair, side["trio"], side["baseline"], as_runtime(meters[pair], "trio"))
+        of = rounds[pair]
+        ours = pair_figures(c, pair, of["asyncio"], of["baseline"], as_runtime(meters[pair], "asyncio"))
+        theirs = pair_figures(c, pair, of["trio"], of["baseline"], as_runtime(meters[pair], "trio"))
         loops = c * args.rounds
         counted = hops[pair]
         per_loop = (counted["hops_to_trio"] + counted["hops_to_host"]) / loops

@@ -7,6 +7,8 @@ phase runs inside it, so that a ratio compares the two sides under the same sett
 runtime side opens its runtime with `tune_gc=tuned`, as a host would. The `off` pair runs
 both sides under `collector_off(True)`: its ratio is that of the two sides' own code.
 
+Neither side always runs first: `in_turn` gives each the first place in turn, round by round.
+
 `GcMeter` measures what the collector did while a block ran, through `gc.callbacks`:
 
 - collections per generation, the objects they freed (`collected`), and their CPU time
@@ -34,10 +36,10 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -48,6 +50,18 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 PAIRS = {"both": ("tuned", "untuned"), "tuned": ("tuned",), "untuned": ("untuned",), "off": ("off",)}
+
+T = TypeVar("T")
+
+
+def in_turn(sides: Sequence[T], index: int) -> list[T]:
+    """The sides of a benchmark in the order they run in round `index`: each runs first in turn.
+
+    Running second is worth several per cent here (`bench loops`, four runs each way: `cpu_ratio`
+    0.77–0.83 with the runtime second, 0.72–0.76 with it first), so no side may always have it.
+    """
+    turn = index % len(sides)
+    return [*sides[turn:], *sides[:turn]]
 
 
 def add_gc_arguments(parser: argparse.ArgumentParser) -> None:

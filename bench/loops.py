@@ -2,7 +2,8 @@
 
 A runtime loop is what a host does for one independent agent run: open a session (six actors),
 run the query to its result, close the session. `throughput_ratio` = runtime loops/s over
-baseline loops/s, best round of each, rounds alternating so that both see the same machine.
+baseline loops/s, best round of each; rounds alternate, and the two sides take turns at going first in
+a round (`bench.collector.in_turn`: the second place is an advantage), so that both see the same machine.
 `--concurrency` takes a list (`10,100,1000`) for a throughput curve; the JSON's top-level
 figures are then those of the largest level, and `--plot FILE.png` draws the curve.
 
@@ -45,7 +46,7 @@ import trio
 
 from bench import workload
 from bench.baseline import BaselineAbort, BaselineLog, baseline_loop
-from bench.collector import PAIRS, GcMeter, add_gc_arguments, collector_off, gc_setting, in_flight
+from bench.collector import PAIRS, GcMeter, add_gc_arguments, collector_off, gc_setting, in_flight, in_turn
 from bench.profiling import RuntimeProfile, add_profile_argument
 from bench.report import check_plot_target, plot_throughput, progress
 from queryloop import Runtime
@@ -56,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="1000", help="loops at once; a list (10,100,1000) for a curve")
     parser.add_argument("--model-ms", type=float, default=0.0)
     parser.add_argument("--tool-ms", type=float, default=0.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per side; even, each side goes first as often")
     parser.add_argument("--plot", metavar="FILE.png", help="draw loops/s against concurrency")
     parser.add_argument("--transcript", action="store_true", help="a transcript file per loop, on both sides")
     parser.add_argument("--transcript-dir", default=None, help="where the transcript files go (default: temp dir)")
@@ -197,19 +198,19 @@ async def measure_level(c: int, args: argparse.Namespace, profile: RuntimeProfil
     for index in range(args.rounds):
         for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
             tuned, off = pair == "tuned", pair == "off"
-            gc.collect()
-            with transcript_dir(args.transcript_dir) as directory:
-                files = directory if args.transcript else None
-                with gc_setting(tuned), collector_off(off), meters[pair]["baseline"]:
-                    base[pair].append(await baseline_round(c, model_ms, tool_ms, transcripts=files))
-            gc.collect()
             meter = meters[pair]["runtime"]
-            with transcript_dir(args.transcript_dir) as directory:
-                files = directory if args.transcript else None
-                with collector_off(off), meter, profile.on():
-                    ours[pair].append(
-                        await runtime_round(c, model_ms, tool_ms, tune_gc=tuned, meter=meter, transcripts=files)
-                    )
+            for side in in_turn(("baseline", "runtime"), index):
+                gc.collect()
+                with transcript_dir(args.transcript_dir) as directory:
+                    files = directory if args.transcript else None
+                    if side == "baseline":
+                        with gc_setting(tuned), collector_off(off), meters[pair]["baseline"]:
+                            base[pair].append(await baseline_round(c, model_ms, tool_ms, transcripts=files))
+                    else:
+                        with collector_off(off), meter, profile.on():
+                            ours[pair].append(
+                                await runtime_round(c, model_ms, tool_ms, tune_gc=tuned, meter=meter, transcripts=files)
+                            )
             if meter.thresholds != meters[pair]["baseline"].thresholds:
                 msg = f"{pair}: the two sides ran under different thresholds ({meters[pair]})"
                 raise RuntimeError(msg)

@@ -39,7 +39,7 @@ from typing import Any
 
 import trio
 
-from bench.collector import GcMeter, gc_setting
+from bench.collector import GcMeter, gc_setting, in_turn
 from bench.profiling import RuntimeProfile, add_profile_argument
 from bench.report import progress
 from queryloop import Runtime
@@ -260,12 +260,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for s, n, mode in grid:
             ours, base = Side(), Side()
             paced = mode == "paced"
-            for _ in range(cell_rounds(args, s, n)):
-                gc.collect()
-                with gc_setting(args.tune_gc):
-                    await baseline_round(replies[n], s, paced=paced, side=base)
-                gc.collect()
-                await runtime_round(replies[n], s, paced=paced, tuned=args.tune_gc, side=ours, profile=profile)
+            for index in range(cell_rounds(args, s, n)):
+                for side in in_turn(("baseline", "runtime"), index):
+                    gc.collect()
+                    if side == "baseline":
+                        with gc_setting(args.tune_gc):
+                            await baseline_round(replies[n], s, paced=paced, side=base)
+                    else:
+                        await runtime_round(replies[n], s, paced=paced, tuned=args.tune_gc, side=ours, profile=profile)
                 if ours.meter.thresholds != base.meter.thresholds:
                     msg = f"the two sides ran under different thresholds ({ours.meter}, {base.meter})"
                     raise RuntimeError(msg)

@@ -14,7 +14,7 @@ import pytest
 from bench import workload
 from bench.__main__ import main as bench_main
 from bench.baseline import BaselineAbort, baseline_loop
-from bench.collector import GcMeter, gc_setting
+from bench.collector import GcMeter, gc_setting, in_turn
 from queryloop import QueryOptions, ResultMessage, Runtime
 from queryloop.runtime.host import _gc
 
@@ -35,6 +35,13 @@ def test_the_meter_counts_tracked_objects_kept_alive_and_not_those_freed_between
     assert sum(kept.collections) >= 1 and kept.cpu > 0
     assert abs(churned.tracked) < 100
     assert len(alive) == 50_000
+
+
+def test_each_side_of_a_benchmark_goes_first_in_turn() -> None:
+    two = [in_turn(("baseline", "runtime"), index) for index in range(4)]
+    assert two == [["baseline", "runtime"], ["runtime", "baseline"]] * 2
+    three = [in_turn(("baseline", "trio", "asyncio"), index)[0] for index in range(3)]
+    assert three == ["baseline", "trio", "asyncio"]
 
 
 def test_gc_setting_applies_the_runtimes_thresholds_and_puts_the_process_ones_back() -> None:
