@@ -32,6 +32,7 @@ from typing import Any
 import trio
 
 from bench.baseline import BaselineAbort, baseline_fan_out
+from bench.collector import in_turn
 from queryloop import AgentDefinition, QueryOptions, Runtime, Session
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolOutput
@@ -225,18 +226,25 @@ def _pct(values: list[float], q: float) -> float:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     levels: dict[str, Any] = {}
-    for k in [int(x) for x in str(args.k).split(",")]:
-        async with Runtime.open(tune_gc=True) as runtime:
+    for index, k in enumerate(int(x) for x in str(args.k).split(",")):
+        sides: dict[str, dict[str, Any]] = {}
+        for side in in_turn(("baseline", "runtime"), index):  # each side first at every other K
+            if side == "runtime":
+                async with Runtime.open(tune_gc=True) as runtime:
 
-            async def runtime_once(delay: float | None, tally: Tally, k: int = k, rt: Runtime = runtime) -> float:
-                return await _runtime_once(rt, k, args, delay, tally)
+                    async def runtime_once(
+                        delay: float | None, tally: Tally, k: int = k, rt: Runtime = runtime
+                    ) -> float:
+                        return await _runtime_once(rt, k, args, delay, tally)
 
-            ours = await _side(runtime_once, k, args)
+                    sides[side] = await _side(runtime_once, k, args)
+            else:
 
-        async def baseline_once(delay: float | None, tally: Tally, k: int = k) -> float:
-            return await _baseline_once(k, args, delay, tally)
+                async def baseline_once(delay: float | None, tally: Tally, k: int = k) -> float:
+                    return await _baseline_once(k, args, delay, tally)
 
-        base = await _side(baseline_once, k, args)
+                sides[side] = await _side(baseline_once, k, args)
+        ours, base = sides["runtime"], sides["baseline"]
         level = {**ours, **{f"baseline_{key}": value for key, value in base.items()}}
         level["throughput_ratio"] = round(ours["children_per_s"] / base["children_per_s"], 3)
         level["abort_p99_ratio"] = round(ours["abort_p99_ms"] / max(base["abort_p99_ms"], 1e-6), 3)
