@@ -195,6 +195,10 @@ async def measure_level(c: int, args: argparse.Namespace, profile: RuntimeProfil
     ours: dict[str, list[Round]] = {pair: [] for pair in pairs}
     base: dict[str, list[Round]] = {pair: [] for pair in pairs}
     meters = {pair: {"runtime": GcMeter(), "baseline": GcMeter()} for pair in pairs}
+    # Untimed, a small round of each side first: the process's warm-up (caches, first allocations of
+    # its arenas) would otherwise go to whichever side runs the first timed round.
+    await baseline_round(min(c, 100), model_ms, tool_ms)
+    await runtime_round(min(c, 100), model_ms, tool_ms)
     for index in range(args.rounds):
         for pair in pairs[:: -1 if index % 2 else 1]:  # the pairs' order alternates from round to round
             tuned, off = pair == "tuned", pair == "off"
