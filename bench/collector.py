@@ -60,8 +60,8 @@ def in_turn(sides: Sequence[T], index: int) -> list[T]:
     Running second is an advantage here. With the baseline always first, four runs of `bench loops`
     gave `cpu_ratio` 0.77–0.83; with the runtime always first, 0.72–0.76. Much of that was the
     process's warm-up, paid by whichever side ran the first round (`bench loops` now runs an untimed
-    round of each side first). With the sides in turn, the rounds where the runtime went second still
-    gave a median round ratio of 0.767, against 0.752 where it went first (six runs).
+    round of each side first). With the sides in turn and that round, the rounds where the runtime went
+    second still gave a median round ratio of 0.779, against 0.766 where it went first (six runs).
     """
     turn = index % len(sides)
     return [*sides[turn:], *sides[:turn]]
