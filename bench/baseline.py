@@ -220,29 +220,21 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the r
                 yield interruption
             if log is not None:
                 await log.sync()
-            reason = abort_terminal(streamed, bool(tool_uses))
-            yield _result(
-                reason, ledger, unsettled, started=started, text=text, stop_reason=stop_reason, turns=state.turn_count
-            )
-            return
+            reason: TerminalReason = abort_terminal(streamed, bool(tool_uses))
+            break
         if log is not None:
             await log.sync()  # a turn's end, or the query's
         if not tool_uses:
-            yield _result(
-                "completed",
-                ledger,
-                unsettled,
-                started=started,
-                text=text,
-                stop_reason=stop_reason,
-                turns=state.turn_count,
-            )
-            return
+            reason = "completed"
+            break
         if max_turns_reached(state.turn_count, options.max_turns):
             raise NotImplementedError(_NOT_W)
         state = next_turn(state, [*messages, *assistant, *results])
         if options.context_collapse and collapse_may_stage(state.messages, context.limits, count):
             raise NotImplementedError(_NOT_W)
+    yield _result(
+        reason, ledger, unsettled, started=started, text=text, stop_reason=stop_reason, turns=state.turn_count
+    )
 
 
 _NOT_W = "the baseline runs workload W, whose context needs no compaction and whose turns are not limited"
