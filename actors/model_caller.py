@@ -1,44 +1,34 @@
 """ModelCaller: streams a query's model calls to the query's consumer and the QueryLoop.
 
-One task per query: the first `StartCall` of a query carries the query's `CallFeed`
-and starts one piece of abortable work that runs that call, then every later call
-of the query the QueryLoop puts in the feed, in order (no message, no task and no
-cancel scope per call). The task waits for the next call only after a response
-that asks for one (tool uses to answer, a withheld error to recover from, a
-fallback); after a response that ends the turn it ends at once, so that the
-query's last call leaves no task to wake when the query ends (the rare call after
-such a response, a stop hook's feedback or a token-budget nudge, is sent as a
-`StartCall` and starts a new task), and the loop closes the feed when the query
-ends. An abort cancels the task (the call in flight, if any: closing the provider's
-stream stops billing) and is acked once it has unwound. The call's own events go straight to the
-query's event channel, in production order: every raw event as it is (the consumer's handle wraps
-it in its `StreamEvent` as it hands it out) and an `AssistantMessage` for each content block as it
-completes (its transcript record buffered in the session's log first, so that the consumer's handle
-writes it before taking the message: `runtime.loop.persistence`). The QueryLoop
-gets, through the turn channel, each `AssistantMessage` once the consumer has it
-(to record it and pair its tool uses) and a final `CallEnded`. Each completed
-`tool_use` goes to the StreamingToolExecutor right after its message, while the
-stream still runs; a `tool_use` cut off by `max_tokens` goes too, marked so that
-it is answered with an error and never run. Why not through the QueryLoop: an
-extra hop per token-sized event, and each event kept alive a scheduler round
-longer (measured: `bench loops` at C=1000, 12 % of the round).
+One task per query: the first `StartCall` of a query carries the query's `CallFeed` and starts one piece of
+abortable work that runs that call, then every later call of the query the QueryLoop puts in the feed, in order (no
+message, no task and no cancel scope per call). The task waits for the next call only after a response that asks for
+one (tool uses to answer, a withheld error to recover from, a fallback); after a response that ends the turn it ends
+at once, so that the query's last call leaves no task to wake when the query ends (the rare call after such a
+response, a stop hook's feedback or a token-budget nudge, is sent as a `StartCall` and starts a new task), and the
+loop closes the feed when the query ends. An abort cancels the task (the call in flight, if any: closing the
+provider's stream stops billing) and is acked once it has unwound. The call's own events go straight to the query's
+event channel, in production order: every raw event as it is (the consumer's handle wraps it in its `StreamEvent` as
+it hands it out) and an `AssistantMessage` for each content block as it completes (its transcript record buffered in
+the session's log first, so that the consumer's handle writes it before taking the message:
+`runtime.loop.persistence`). The QueryLoop gets, through the turn channel, each `AssistantMessage` once the consumer
+has it (to record it and pair its tool uses) and a final `CallEnded`. Each completed `tool_use` goes to the
+StreamingToolExecutor right after its message, while the stream still runs; a `tool_use` cut off by `max_tokens`
+goes too, marked so that it is answered with an error and never run. Why not through the QueryLoop: an extra hop per
+token-sized event, and each event kept alive a scheduler round longer (measured: `bench loops` at C=1000, 12 % of
+the round).
 
-Errors: 429 / 529 / 5xx / a cut connection are retried with backoff
-(honouring `retry-after`) up to `max_retries` times, but only while nothing of
-that request has been emitted; the server's `x-should-retry` header, when sent,
-decides instead of the kind (`ModelError.retryable`). Each retry is announced with a
-`system:api_retry` message; when a request stays overloaded and a fallback model
-is configured, the call ends asking for the fallback. A 400 that asks for fewer
-output tokens (`context_overflow`, `max_tokens_cap`) is sent again at once with
-the `max_tokens` of `queryloop.runtime.loop.max_tokens.max_tokens_fix`, once per
-kind per call and outside `max_retries` (it is a different request, not the same
-one again); a model's output cap learnt so is kept for the session's later calls
-to that model. Prompt-too-long (and a `context_overflow` that no `max_tokens` at or
-above the floor fits) and `max_tokens` truncation are
-*withheld*: `CallEnded.withheld` carries the error message for the QueryLoop's
-recovery instead of emitting it. A fallback request ends the call with
-`CallEnded.fallback`. A provider's event that is not a dict with a string `type`,
-or one the assembler cannot read, is an `api_error` ModelError ("malformed stream
+Errors: 429 / 529 / 5xx / a cut connection are retried with backoff (honouring `retry-after`) up to `max_retries`
+times, but only while nothing of that request has been emitted; the server's `x-should-retry` header, when sent,
+decides instead of the kind (`ModelError.retryable`). Each retry is announced with a `system:api_retry` message;
+when a request stays overloaded and a fallback model is configured, the call ends asking for the fallback. A 400
+that asks for fewer output tokens (`context_overflow`, `max_tokens_cap`) is sent again at once with the `max_tokens`
+of `queryloop.runtime.loop.max_tokens.max_tokens_fix`, once per kind per call and outside `max_retries` (it is a
+different request, not the same one again); a model's output cap learnt so is kept for the session's later calls to
+that model. Prompt-too-long (and a `context_overflow` that no `max_tokens` at or above the floor fits) and
+`max_tokens` truncation are *withheld*: `CallEnded.withheld` carries the error message for the QueryLoop's recovery
+instead of emitting it. A fallback request ends the call with `CallEnded.fallback`. A provider's event that is not a
+dict with a string `type`, or one the assembler cannot read, is an `api_error` ModelError ("malformed stream
 event"), never an unclassified exception.
 """
 
@@ -253,6 +243,21 @@ class _Tries:
         self.refitted: tuple[str, ...] = ()
 
 
+def _noted(raw: Any, progress: CallProgress) -> Any:
+    """An event other than a delta in a plain dict, checked before it is forwarded, its usage noted: the item to
+    forward (a dict subclass wrapped here, since the consumer's handle wraps plain dicts only)."""
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind.__class__ is not str:
+        # Nothing of it was forwarded: like a provider's own classified error, retried if nothing was.
+        msg = f"malformed stream event: no type in {raw!r:.200}"
+        raise ModelError("api_error", msg)
+    if kind == "message_start":
+        progress.start_usage, progress.delta_usage = raw["message"].get("usage") or {}, None
+    elif kind == "message_delta" and progress.start_usage is not None:
+        progress.delta_usage = raw.get("usage") or {}
+    return raw if raw.__class__ is dict else stream_event(raw)
+
+
 class ModelCaller(TrioActor):
     actor_name = "ModelCaller"
 
@@ -393,24 +398,13 @@ class ModelCaller(TrioActor):
             events, progress = call.events, call.progress
             buffered = events.items
             async for raw in stream:
-                # A plain dict (every event of every provider of ours) skips the isinstance call.
-                kind = raw.get("type") if raw.__class__ is dict or isinstance(raw, dict) else None
-                if kind.__class__ is not str:
-                    # Nothing of it was forwarded: like a provider's own classified error, retried if nothing was.
-                    msg = f"malformed stream event: no type in {raw!r:.200}"
-                    raise ModelError("api_error", msg)
+                # A text or JSON delta (nearly every event) in a plain dict: none of `_noted`'s checks.
+                item = raw
+                if raw.__class__ is not dict or raw.get("type") != "content_block_delta":
+                    item = _noted(raw, progress)
                 this_try.emitted = True
-                if kind == "content_block_delta":  # nearly every event: none of the checks below
-                    pass
-                elif kind == "message_start":
-                    progress.start_usage, progress.delta_usage = raw["message"].get("usage") or {}, None
-                elif kind == "message_delta" and progress.start_usage is not None:
-                    progress.delta_usage = raw.get("usage") or {}
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
-                # A plain dict goes as it is (the handle wraps it as the consumer takes it); anything else
-                # that passed as a dict (a subclass) is wrapped here, since the handle unwraps plain dicts only.
-                item = raw if raw.__class__ is dict else stream_event(raw)
                 if len(buffered) < events.limit:  # `events.send_nowait(item)` written out (`EventChannel`'s note)
                     buffered.append(item)
                     if events.receiver is not None:
@@ -420,7 +414,7 @@ class ModelCaller(TrioActor):
                 try:
                     completed = assembler.feed(raw)
                 except (KeyError, TypeError, ValueError, AttributeError) as error:
-                    msg = f"malformed stream event {kind!r}: {type(error).__name__}: {error} in {raw!r:.200}"
+                    msg = f"malformed stream event {raw.get('type')!r}: {type(error).__name__}: {error} in {raw!r:.200}"
                     raise ModelError("api_error", msg) from error
                 if completed is not None:
                     await self._hand_over(completed, assembler, call)
