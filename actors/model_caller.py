@@ -243,10 +243,12 @@ class _Tries:
         self.refitted: tuple[str, ...] = ()
 
 
-def _noted(raw: Any, progress: CallProgress) -> Any:
-    """An event other than a delta in a plain dict, checked before it is forwarded, its usage noted: the item to
-    forward (a dict subclass wrapped here, since the consumer's handle wraps plain dicts only)."""
-    kind = raw.get("type") if isinstance(raw, dict) else None
+def _noted(raw: Any, kind: Any, progress: CallProgress) -> Any:
+    """An event other than a delta in a plain dict (`kind`: its type, read already; None for any other object),
+    checked before it is forwarded, its usage noted: the item to forward (a dict subclass wrapped here, since
+    the consumer's handle wraps plain dicts only)."""
+    if kind is None and isinstance(raw, dict):
+        kind = raw.get("type")
     if kind.__class__ is not str:
         # Nothing of it was forwarded: like a provider's own classified error, retried if nothing was.
         msg = f"malformed stream event: no type in {raw!r:.200}"
@@ -399,9 +401,8 @@ class ModelCaller(TrioActor):
             buffered = events.items
             async for raw in stream:
                 # A text or JSON delta (nearly every event) in a plain dict: none of `_noted`'s checks.
-                item = raw
-                if raw.__class__ is not dict or raw.get("type") != "content_block_delta":
-                    item = _noted(raw, progress)
+                kind = raw.get("type") if raw.__class__ is dict else None
+                item = raw if kind == "content_block_delta" else _noted(raw, kind, progress)
                 this_try.emitted = True
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
@@ -414,7 +415,7 @@ class ModelCaller(TrioActor):
                 try:
                     completed = assembler.feed(raw)
                 except (KeyError, TypeError, ValueError, AttributeError) as error:
-                    msg = f"malformed stream event {raw.get('type')!r}: {type(error).__name__}: {error} in {raw!r:.200}"
+                    msg = f"malformed stream event {raw['type']!r}: {type(error).__name__}: {error} in {raw!r:.200}"
                     raise ModelError("api_error", msg) from error
                 if completed is not None:
                     await self._hand_over(completed, assembler, call)
