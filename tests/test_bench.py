@@ -137,3 +137,26 @@ async def test_the_baseline_does_the_runtimes_work_on_w_the_same_requests_events
     for field in ("subtype", "is_error", "result", "stop_reason", "total_cost_usd", "usage", "num_turns"):
         assert getattr(result, field) == getattr(reference, field), field
     assert reference.total_cost_usd > 0 and reference.num_turns == 3
+
+
+@pytest.mark.parametrize("side", ["runtime", "baseline"])
+def test_bench_instructions_child_runs_the_loops_asked_in_rounds_of_the_concurrency(
+    capsys: pytest.CaptureFixture[str], side: str
+) -> None:
+    # 5 loops, 2 at once: rounds of 2, 2 and 1, every loop run to its result.
+    result = _run(capsys, "instructions", f"--side={side}", "--count=5", "--concurrency=2")
+    assert result == {"benchmark": "instructions", "side": side, "loops": 5}
+
+
+def test_bench_instructions_without_valgrind_says_what_it_needs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no valgrind on it
+    with pytest.raises(SystemExit, match="needs valgrind"):
+        bench_main(["instructions"])
+    assert capsys.readouterr().out == ""
+
+
+def test_bench_instructions_refuses_loop_counts_it_cannot_difference() -> None:
+    with pytest.raises(SystemExit, match="0 < N1 < N2"):
+        bench_main(["instructions", "--loops", "2000,1000"])
