@@ -100,6 +100,21 @@ class Dispatcher:
         else:
             fn()
 
+    def deliver(self, recipient: Recipient, envelope: Envelope[Any]) -> None:
+        """Handle `envelope` now, as `_run` would: no handler is running and nothing waits ahead of it
+        (`PriorityInbox._put`'s fast path, for the mail of an idle actor: most mail)."""
+        self._running = True
+        try:
+            recipient._handle_envelope(envelope)  # noqa: SLF001 - it routes every Exception itself
+        except BaseException:
+            self._running = False
+            if self._ready:  # only a BaseException (KeyboardInterrupt) gets here: the mail it sent goes on later
+                current_trio_token().run_sync_soon(self._resume)
+            raise
+        self._running = False
+        if self._ready or self._after:
+            self._run()  # the mail the handler sent, then the callbacks
+
     def handle_now(self, fn: Callable[[], None]) -> bool:
         """Run `fn()` as a handler, now, if no handler is running (else do nothing): the mail it sends is
         handled after it, then the `after_handlers` callbacks, as for a handler of queued mail. Whether it ran."""
@@ -165,8 +180,9 @@ class PriorityInbox:
         self._thread = thread
         self._dispatcher = dispatcher
         self._actor: Recipient | None = actor
-        self._urgent: deque[Envelope[Any]] | None = None  # made on the first supervisor message
-        self._normal: deque[Envelope[Any]] = deque()
+        # Each lane made when mail first waits in it: most actors' mail is handled as it is put (`_put`).
+        self._urgent: deque[Envelope[Any]] | None = None
+        self._normal: deque[Envelope[Any]] | None = None
         self._gate = CLOSED
         self._scheduled = False
         self._closed: str | None = None
@@ -186,7 +202,13 @@ class PriorityInbox:
             if self._urgent is None:
                 self._urgent = deque()
             self._urgent.append(envelope)
+        elif self._gate == OPEN and not (self._scheduled or self._normal or self._urgent or self._dispatcher._running):  # noqa: SLF001
+            # Nothing of this actor waits and no handler runs: handled now, as `_run` would, without the queue.
+            self._dispatcher.deliver(self._actor, envelope)  # type: ignore[arg-type]  # open: the actor is set
+            return
         else:
+            if self._normal is None:
+                self._normal = deque()
             self._normal.append(envelope)
         self.wake()
 
@@ -221,7 +243,7 @@ class PriorityInbox:
 
     def get(self) -> Envelope[Any]:
         """Take the next envelope, urgent lane first, whatever the gate."""
-        return self._urgent.popleft() if self._urgent else self._normal.popleft()
+        return self._urgent.popleft() if self._urgent else self._normal.popleft()  # type: ignore[union-attr]
 
     def empty(self) -> bool:
         return not (self._urgent or self._normal)
@@ -235,7 +257,7 @@ class PriorityInbox:
             _refuse(self.get(), why)
 
     def __len__(self) -> int:
-        return len(self._urgent or ()) + len(self._normal)
+        return len(self._urgent or ()) + len(self._normal or ())
 
 
 def _refuse(envelope: Envelope[Any], why: str) -> None:
