@@ -3,12 +3,12 @@
 `bench loops` times the two sides' best rounds: on a shared machine its ratio moves by several
 hundredths from one run to the next (docs/benchmarks.md). An instruction count does not drift
 with the machine's load: this benchmark runs each side's loops in a process of its own under
-`valgrind --tool=callgrind` (hash seed fixed), once with `--loops N1` and once with `N2` loops, C at
-once, and takes (instructions at N2 − instructions at N1) / (N2 − N1) as the cost of one loop, so
-the interpreter's start, the imports and a round's warm-up cancel out. The sides are the ones
-`bench loops` runs (its `runtime_round` and `baseline_round`), under the same collector setting
-(`--gc tuned`, the default: the runtime's thresholds on both sides, its collections counted; `off`:
-the two sides' own code only).
+`valgrind --tool=callgrind` (hash seed and trio's scheduling coin fixed), once with `--loops N1`
+and once with `N2` loops, C at once, and takes (instructions at N2 - instructions at N1) /
+(N2 - N1) as the cost of one loop, so that the interpreter's start, the imports and a round's
+warm-up cancel out. The sides are the ones `bench loops` runs (its `runtime_round` and
+`baseline_round`), under the same collector setting (`--gc tuned`, the default: the runtime's
+thresholds on both sides, its collections counted; `off`: the two sides' own code only).
 
 `instruction_ratio` = the baseline's instructions per loop over the runtime's: what
 `throughput_ratio` would be on a machine where every instruction cost the same. It leaves out what
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio._core._run as trio_run
 
 from bench.collector import collector_off, gc_setting
 from bench.loops import baseline_round, runtime_round
@@ -65,6 +66,9 @@ async def _loops(side: str, concurrency: int, count: int, tuned: bool) -> int:
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
     """One side's loops in this process, for the parent's callgrind run."""
+    # trio reverses each batch of its run queue at random: seeded, two runs of one build count the same
+    # instructions to within a few a loop (unseeded, ±0.5 %: the order of the tasks changes what they do).
+    trio_run._r.seed(0)  # noqa: SLF001 - the scheduler's own coin; nothing else reads it
     with collector_off(args.gc == "off"):
         ended = trio.run(_loops, args.side, args.concurrency, args.count, args.gc == "tuned")
     return {"benchmark": "instructions", "side": args.side, "loops": ended}
