@@ -223,24 +223,17 @@ _MORE_AFTER = frozenset({"tool_use", "pause_turn", "refusal"})
 retried on the fallback model (when there is none, the query ends and the task with it)."""
 
 
-class _Attempt:
-    """Whether the current request has emitted anything: only an unseen failure may be retried."""
-
-    __slots__ = ("emitted",)
-
-    def __init__(self) -> None:
-        self.emitted = False
-
-
 class _Tries:
-    """One call's requests so far: the request to send, the retries made, the max_tokens kinds refit."""
+    """One call's requests so far: the request to send, the retries made, the max_tokens kinds refit, and
+    whether the request streaming now has emitted anything (only an unseen failure may be retried)."""
 
-    __slots__ = ("attempt", "refitted", "request")
+    __slots__ = ("attempt", "emitted", "refitted", "request")
 
     def __init__(self, request: ModelRequest) -> None:
         self.request = request
         self.attempt = 0
         self.refitted: tuple[str, ...] = ()
+        self.emitted = False
 
 
 def _noted(raw: Any, kind: Any, progress: CallProgress) -> Any:
@@ -318,15 +311,15 @@ class ModelCaller(TrioActor):
                 feed.calling = True
                 tries = _Tries(self._within_cap(call.request) if self._output_caps else call.request)
                 while True:
-                    this_try = _Attempt()
+                    tries.emitted = False
                     try:
                         if self.limiter is None:
-                            ended = await self._stream_once(call, tries.request, this_try)
+                            ended = await self._stream_once(call, tries)
                         else:
                             async with self.limiter:  # held while the request streams, not during backoff
-                                ended = await self._stream_once(call, tries.request, this_try)
+                                ended = await self._stream_once(call, tries)
                     except Exception as error:  # noqa: BLE001 - each kind is decided in `_after_failure`
-                        after = self._after_failure(call, tries, this_try, error)
+                        after = self._after_failure(call, tries, error)
                         if after is None:
                             continue  # sent again at once, with a max_tokens it leaves room for
                         if isinstance(after, ModelError):
@@ -334,22 +327,23 @@ class ModelCaller(TrioActor):
                             continue
                         ended = after
                     break
-                await call.sink.send(ended)
+                try:
+                    call.sink.send_nowait(ended)
+                except trio.WouldBlock:  # the turn's buffer is full (a flood of progress events): rare
+                    await call.sink.send(ended)
                 feed.calling = False
                 if not feed.queued and not _asks_for_more(ended):
                     return  # the query likely ends here: no step is left to take when it does
                 # Nothing of this call is kept while the next is awaited: at a thousand loops in flight, each
                 # one's last request, turn channel and end were that many more objects for the collector.
-                del call, tries, this_try, ended
+                del call, tries, ended
                 call = await feed.next_call()
         finally:
             if feed.serving is mine:
                 feed.calling = False
                 feed.served()
 
-    def _after_failure(
-        self, call: StartCall, tries: _Tries, this_try: _Attempt, error: Exception
-    ) -> CallEnded | ModelError | None:
+    def _after_failure(self, call: StartCall, tries: _Tries, error: Exception) -> CallEnded | ModelError | None:
         """What follows a request that failed with `error`: None, send it again at once (`tries.request`
         refit); the `ModelError` to retry after a backoff (`tries.attempt` counted); or the call's end."""
         if isinstance(error, FallbackTriggered):
@@ -357,16 +351,16 @@ class ModelCaller(TrioActor):
         if not isinstance(error, ModelError):  # a provider's bug is this call's model error, not a dead session
             self.log.opt(exception=error).error("model provider raised an unclassified error")
             return CallEnded(error=ModelError("api_error", f"{type(error).__name__}: {error}"))
-        if error.kind in MAX_TOKENS_KINDS and error.kind not in tries.refitted and not this_try.emitted:
+        if error.kind in MAX_TOKENS_KINDS and error.kind not in tries.refitted and not tries.emitted:
             tries.refitted += (error.kind,)  # each max_tokens kind is fixed once per call
             refit = self._refit(tries.request, error)
             if refit is not None:
                 tries.request = refit
                 return None
-        if error.retryable and not this_try.emitted and tries.attempt < call.max_retries:
+        if error.retryable and not tries.emitted and tries.attempt < call.max_retries:
             tries.attempt += 1
             return error
-        if error.kind == "overloaded" and call.fallback_available and not this_try.emitted:
+        if error.kind == "overloaded" and call.fallback_available and not tries.emitted:
             return CallEnded(fallback=True)
         withheld = None
         if error.kind in ("prompt_too_long", "context_overflow"):
@@ -392,8 +386,9 @@ class ModelCaller(TrioActor):
         self.log.info(f"{request.model}: max_tokens {asked} refused ({kind}), sending again with {fix.max_tokens}")
         return dataclasses.replace(request, max_tokens=fix.max_tokens)
 
-    async def _stream_once(self, call: StartCall, request: ModelRequest, this_try: _Attempt) -> CallEnded:
-        """One request: forward its events, hand over its blocks; the end, or the provider's error."""
+    async def _stream_once(self, call: StartCall, tries: _Tries) -> CallEnded:
+        """One request (`tries.request`): forward its events, hand over its blocks; the end, or the provider's error."""
+        request = tries.request
         assembler = ResponseAssembler()
         stream = self.provider.stream(request)
         try:  # `aclosing` written out: two coroutines fewer per request
@@ -403,7 +398,7 @@ class ModelCaller(TrioActor):
                 # A text or JSON delta (nearly every event) in a plain dict: none of `_noted`'s checks.
                 kind = raw.get("type") if raw.__class__ is dict else None
                 item = raw if kind == "content_block_delta" else _noted(raw, kind, progress)
-                this_try.emitted = True
+                tries.emitted = True
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
                 if len(buffered) < events.limit:  # `events.send_nowait(item)` written out (`EventChannel`'s note)

@@ -134,16 +134,14 @@ class QueryLoopContext(QueryLoopEnding):
                 return compacted
         return await self._recover_max_output_tokens(run, state, messages_for_query, turn)
 
-    async def _consume_summary(self, run: Run, state: State) -> None:
-        """The previous batch's summary, made while this iteration's model call ran; its failure costs only it.
+    async def _consume_summary(self, run: Run, pending: PendingSummary) -> None:
+        """The previous batch's summary (`state.pending_tool_use_summary`), made while this iteration's model
+        call ran; its failure costs only it.
 
         Seed 001 says "awaited at the top of the next iteration"; it is awaited once that
         iteration's stream has ended, so that it overlaps the model call as the seed's
         rationale (and the reference's "resolved during model streaming") intends.
         """
-        pending: PendingSummary | None = state.pending_tool_use_summary
-        if pending is None:
-            return
         summary: str | None = None
         with self._phase(run):
             try:
@@ -169,9 +167,10 @@ class QueryLoopContext(QueryLoopEnding):
         )
         return PendingSummary(future=future, tool_use_ids=list(turn.tool_ids))
 
-    async def _prepare(self, run: Run, messages: list[TranscriptMessage]) -> Prepared | None:
+    def _as_they_are(self, run: Run, messages: list[TranscriptMessage]) -> Prepared | None:
+        """`messages` prepared as they are, when no compaction stage has work (most iterations); else None."""
         context = run.context
-        if not pipeline_needed(
+        if pipeline_needed(
             messages,
             context.limits,
             max_tool_result_chars=context.max_tool_result_chars,
@@ -179,9 +178,13 @@ class QueryLoopContext(QueryLoopEnding):
             scan=run.oversized_scan,
             count=run.token_count,
         ):
-            return prepared(
-                messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False
-            )
+            return None
+        return prepared(
+            messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False
+        )
+
+    async def _prepare(self, run: Run, messages: list[TranscriptMessage]) -> Prepared | None:
+        """The Compactor's pipeline over `messages` (`_as_they_are` found a stage with work); None if aborted."""
         answer: Prepared | None = None
         with self._phase(run):
             try:
@@ -283,14 +286,17 @@ class QueryLoopContext(QueryLoopEnding):
         run.hook_errors.append(message.content)
         await self._emit(run, message)
 
+    @staticmethod
+    def _attachments_due(run: Run) -> bool:
+        """Whether context can have arisen while the tools ran (not on most turns of most queries)."""
+        return bool(run.options.attachment_sources) or (run.memory is not None and not run.memory_used)
+
     async def _attachments(self, run: Run) -> list[AttachmentMessage]:
-        """Context that arose while the tools ran, injected before the next model call.
+        """Context that arose while the tools ran (`_attachments_due`), injected before the next model call.
 
         A source that raises is skipped and logged, as a failed memory prefetch is: its
         context is lost for this turn, never the session.
         """
-        if not run.options.attachment_sources and (run.memory is None or run.memory_used):
-            return []  # nothing can have arisen (most turns of most queries)
         found: list[dict[str, Any]] = []
         for source in run.options.attachment_sources:
             try:

@@ -19,7 +19,7 @@ from queryloop.actors.query_loop.run import Run, Turn
 from queryloop.actors.query_loop.turn import QueryLoopTurns
 from queryloop.runtime.kernel.actor import TrioActorRef
 from queryloop.runtime.kernel.messages import Abort
-from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached, result_is_error, result_subtype
+from queryloop.runtime.loop.decisions import abort_terminal, result_is_error, result_subtype
 from queryloop.runtime.loop.events import (
     AttachmentMessage,
     ResultMessage,
@@ -118,11 +118,10 @@ class QueryLoopEnding(QueryLoopTurns):
             return Terminal(reason="image_error", error=text)
         return Terminal(reason="model_error", error=text)
 
-    async def _max_turns(self, run: Run, state: State) -> Terminal | None:
-        """At the `next_turn` site: would the next turn pass `max_turns`? Then the query ends, saying so."""
+    async def _max_turns(self, run: Run, state: State) -> Terminal:
+        """At the `next_turn` site, the next turn would pass `max_turns` (`max_turns_reached`): the query
+        ends, saying so."""
         max_turns = run.options.max_turns
-        if not max_turns_reached(state.turn_count, max_turns):
-            return None
         attachment = {"type": "max_turns_reached", "maxTurns": max_turns, "turnCount": state.turn_count + 1}
         await self._emit(run, AttachmentMessage(attachment=attachment))
         return Terminal(reason="max_turns", turn_count=state.turn_count + 1)

@@ -48,7 +48,7 @@ from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo, collapse_may_stage
-from queryloop.runtime.loop.decisions import abort_terminal
+from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
 from queryloop.runtime.loop.events import TranscriptMessage, UserMessage, api_error_message
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
 from queryloop.runtime.loop.state import (
@@ -276,9 +276,14 @@ class QueryLoop(QueryLoopContext):
             return self._end_early(run, run.turn, "max_budget_usd"), state
 
     async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
+        # Each step below that has nothing to do on most iterations is awaited only when it has: an
+        # `async def` that returns at once still costs a coroutine (a thousand loops, a dozen a loop).
         while True:
-            await self._begin_iteration(run, state)
-            prepared = await self._prepare(run, self._boundary.after(state.messages))
+            if state.transition is not None:
+                await self._flush_transcript()  # a continue site: the turn that ended is made durable
+            messages = self._boundary.after(state.messages)
+            # As they are on most iterations; the Compactor's pipeline when a stage has work.
+            prepared = self._as_they_are(run, messages) or await self._prepare(run, messages)
             if prepared is None:  # aborted while summarizing or compacting
                 return self._end_early(run, None, "aborted_streaming"), state
             messages_for_query = prepared.messages
@@ -296,7 +301,8 @@ class QueryLoop(QueryLoopContext):
                     return run.terminal, state
                 return self._end_early(run, turn, abort_terminal(ended is not None, bool(turn.tool_ids))), state
             # The previous batch's summary was made while this call streamed: collect it now.
-            await self._consume_summary(run, state)
+            if state.pending_tool_use_summary is not None:
+                await self._consume_summary(run, state.pending_tool_use_summary)
             if ended.error is not None and ended.withheld is None:
                 return await self._model_error(run, turn, ended.error), state
             if ended.error is not None and ended.withheld is not None:  # prompt too long: the 413 cascade
@@ -334,10 +340,9 @@ class QueryLoop(QueryLoopContext):
 
             if turn.prevent_continuation:
                 return Terminal(reason="hook_stopped"), state
-            attachments = await self._attachments(run)
-            limit = await self._max_turns(run, state)
-            if limit is not None:
-                return limit, state
+            attachments = await self._attachments(run) if self._attachments_due(run) else []
+            if max_turns_reached(state.turn_count, run.options.max_turns):
+                return await self._max_turns(run, state), state
             state = next_turn(
                 state,
                 [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments],
@@ -349,7 +354,3 @@ class QueryLoop(QueryLoopContext):
             run.transitions.append("next_turn")
             if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits, run.token_count):
                 self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
-
-    async def _begin_iteration(self, run: Run, state: State) -> None:
-        if state.transition is not None:
-            await self._flush_transcript()  # a continue site: the turn that ended is made durable
