@@ -236,9 +236,15 @@ class _Tries:
         self.emitted = False
 
 
+_FORWARDED_AS_THEY_ARE = ("content_block_delta", "content_block_start", "content_block_stop", "message_stop")
+"""Event types that are forwarded unchecked when they come in a plain dict: their `type` is a string, and they
+carry no usage (`message_start` and `message_delta` do, and `_noted` notes it). A tuple, the most frequent
+first: an unhashable `type` (a malformed event) must reach `_noted`, not raise in a set's lookup."""
+
+
 def _noted(raw: Any, kind: Any, progress: CallProgress) -> Any:
-    """An event other than a delta in a plain dict (`kind`: its type, read already; None for any other object),
-    checked before it is forwarded, its usage noted: the item to forward (a dict subclass wrapped here, since
+    """An event not `_FORWARDED_AS_THEY_ARE` (`kind`: its type, read already; None for any object but a plain
+    dict), checked before it is forwarded, its usage noted: the item to forward (a dict subclass wrapped here, since
     the consumer's handle wraps plain dicts only)."""
     if kind is None and isinstance(raw, dict):
         kind = raw.get("type")
@@ -395,9 +401,9 @@ class ModelCaller(TrioActor):
             events, progress = call.events, call.progress
             buffered = events.items
             async for raw in stream:
-                # A text or JSON delta (nearly every event) in a plain dict: none of `_noted`'s checks.
+                # An event in a plain dict that carries no usage (all but two a response): none of `_noted`'s checks.
                 kind = raw.get("type") if raw.__class__ is dict else None
-                item = raw if kind == "content_block_delta" else _noted(raw, kind, progress)
+                item = raw if kind in _FORWARDED_AS_THEY_ARE else _noted(raw, kind, progress)
                 tries.emitted = True
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
@@ -413,13 +419,13 @@ class ModelCaller(TrioActor):
                     msg = f"malformed stream event {raw['type']!r}: {type(error).__name__}: {error} in {raw!r:.200}"
                     raise ModelError("api_error", msg) from error
                 if completed is not None:
-                    await self._hand_over(completed, assembler, call)
+                    self._hand_over(completed, assembler, call)
         finally:
             await stream.aclose()
         if not assembler.stopped:
             raise ModelError("connection", "stream ended before message_stop")
         for cut in assembler.close_truncated():
-            await self._hand_over(cut, assembler, call)
+            self._hand_over(cut, assembler, call)
         withheld = None
         if assembler.stop_reason == "max_tokens":
             withheld = api_error_message(request.model, max_output_tokens_message(request.max_tokens))
@@ -445,7 +451,7 @@ class ModelCaller(TrioActor):
         )
         await trio.sleep(delay)
 
-    async def _hand_over(self, completed: CompletedBlock, assembler: ResponseAssembler, call: StartCall) -> None:
+    def _hand_over(self, completed: CompletedBlock, assembler: ResponseAssembler, call: StartCall) -> None:
         # The message goes first: a tool is only ever started for a block the loop has seen.
         if call.progress.cut:
             return
@@ -453,8 +459,9 @@ class ModelCaller(TrioActor):
             new_uuid(), assembler.message_id, call.request.model, [completed.block], assembler.usage
         )
         # The consumer first, then the loop, without a checkpoint in between: an abort cannot come between the
-        # two. So the message never waits for the consumer (one per block past the bound: its stream events
-        # wait): a consumer must not hold a tool_use the loop has not seen, which no abort would answer.
+        # two. So the message waits neither for the consumer nor for the loop (`push`: one per block past each
+        # bound, while its stream events wait): a consumer must not hold a tool_use the loop has not seen,
+        # which no abort would answer.
         progress = call.progress
         log = call.transcript
         if log is not None:
@@ -464,11 +471,8 @@ class ModelCaller(TrioActor):
                 call.events.push(message)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 progress.consumer_gone = True
-                await call.sink.send(ConsumerGone())
-        try:
-            call.sink.send_nowait(message)
-        except trio.WouldBlock:
-            await call.sink.send(message)
+                call.sink.push(ConsumerGone())  # once a call
+        call.sink.push(message)
         if completed.block.get("type") == "tool_use" and self.executor is not None:
             self.executor.tell(add_tool(block=completed.block, turn=call.turn, input_error=completed.input_error))
 

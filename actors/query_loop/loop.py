@@ -251,7 +251,8 @@ class QueryLoop(QueryLoopContext):
             run.calls.close()  # no more model calls: the ModelCaller's task for this query ends when it runs
             run.control.decided = True
             if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
-                await self._flush_transcript()  # before the result: a consumer that saw it can rely on the file
+                if self.transcript is not None:
+                    await self.transcript.flush()  # before the result: a consumer that saw it can rely on the file
                 settled = self._settle(run)
                 totals = settled if isinstance(settled, BudgetStatus) else await settled
                 self._send_outcome(run, terminal, terminal.turn_count or state.turn_count, totals)
@@ -279,8 +280,8 @@ class QueryLoop(QueryLoopContext):
         # Each step below that has nothing to do on most iterations is awaited only when it has: an
         # `async def` that returns at once still costs a coroutine (a thousand loops, a dozen a loop).
         while True:
-            if state.transition is not None:
-                await self._flush_transcript()  # a continue site: the turn that ended is made durable
+            if state.transition is not None and self.transcript is not None:
+                await self.transcript.flush()  # a continue site: the turn that ended is made durable
             messages = self._boundary.after(state.messages)
             # As they are on most iterations; the Compactor's pipeline when a stage has work.
             prepared = self._as_they_are(run, messages) or await self._prepare(run, messages)

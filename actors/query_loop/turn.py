@@ -384,10 +384,6 @@ class QueryLoopTurns(TrioActor):
         if self.transcript is not None:
             self.transcript.append(message)
 
-    async def _flush_transcript(self) -> None:
-        if self.transcript is not None:
-            await self.transcript.flush()
-
     async def _surface(self, run: Run, message: AssistantMessage) -> None:
         run.api_error_surfaced = True
         await self._emit(run, message)

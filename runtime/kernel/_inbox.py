@@ -53,8 +53,9 @@ class Recipient(Protocol):
     """What the dispatcher needs of an actor (a `TrioActor`): declared here, so that the kernel's
     imports run one way (`actor` imports this module, never the reverse)."""
 
-    def _handle_envelope(self, envelope: Envelope[Any]) -> None:
-        """Handle one message; route every `Exception` itself (to its asker, or as a crash)."""
+    def _handle(self, message: Any, reply_to: TrioFuture[Any] | None) -> None:
+        """Handle one message (`reply_to`: its asker's future); route every `Exception` itself (to the asker,
+        or as a crash)."""
 
 
 CLOSED = 0
@@ -100,12 +101,12 @@ class Dispatcher:
         else:
             fn()
 
-    def deliver(self, recipient: Recipient, envelope: Envelope[Any]) -> None:
-        """Handle `envelope` now, as `_run` would: no handler is running and nothing waits ahead of it
-        (`PriorityInbox._put`'s fast path, for the mail of an idle actor: most mail)."""
+    def deliver(self, recipient: Recipient, message: Any, reply_to: TrioFuture[Any] | None) -> None:
+        """Handle `message` now, as `_run` would: no handler is running and nothing waits ahead of it
+        (`PriorityInbox.deliver_now`, for the mail of an idle actor: most mail)."""
         self._running = True
         try:
-            recipient._handle_envelope(envelope)  # noqa: SLF001 - it routes every Exception itself
+            recipient._handle(message, reply_to)  # noqa: SLF001 - it routes every Exception itself
         except BaseException:
             self._running = False
             if self._ready:  # only a BaseException (KeyboardInterrupt) gets here: the mail it sent goes on later
@@ -141,7 +142,7 @@ class Dispatcher:
                     continue
                 actor = inbox._actor  # noqa: SLF001
                 assert actor is not None
-                actor._handle_envelope(envelope)  # noqa: SLF001 - it routes every Exception itself
+                actor._handle(envelope.message, envelope.reply_to)  # type: ignore[arg-type]  # noqa: SLF001 - ours are TrioFutures
                 if inbox._normal or inbox._urgent:  # noqa: SLF001 - more mail: in turn again (most inboxes: none)
                     inbox.wake()
         finally:
@@ -194,6 +195,22 @@ class PriorityInbox:
         else:
             self._token.run_sync_soon(self._put, envelope)
 
+    def deliver_now(self, message: Any, reply_to: TrioFuture[Any] | None = None) -> bool:
+        """Handle `message` now, without an envelope, if `put` would: ordinary mail, put on the inbox's thread,
+        the actor open and idle (nothing of it queued), no handler running. Whether it was."""
+        if (
+            isinstance(message, SupervisorMessage)  # its own lane: `put`
+            or self._gate != OPEN  # not started, aborting, stopping or stopped (a closed inbox's gate is CLOSED)
+            or self._scheduled
+            or self._normal
+            or self._urgent
+            or self._dispatcher._running  # noqa: SLF001
+            or threading.get_ident() != self._thread
+        ):
+            return False
+        self._dispatcher.deliver(self._actor, message, reply_to)  # type: ignore[arg-type]  # open: the actor is set
+        return True
+
     def _put(self, envelope: Envelope[Any]) -> None:
         if self._closed is not None:
             _refuse(envelope, self._closed)
@@ -204,7 +221,7 @@ class PriorityInbox:
             self._urgent.append(envelope)
         elif self._gate == OPEN and not (self._scheduled or self._normal or self._urgent or self._dispatcher._running):  # noqa: SLF001
             # Nothing of this actor waits and no handler runs: handled now, as `_run` would, without the queue.
-            self._dispatcher.deliver(self._actor, envelope)  # type: ignore[arg-type]  # open: the actor is set
+            self._dispatcher.deliver(self._actor, envelope.message, envelope.reply_to)  # type: ignore[arg-type]
             return
         else:
             if self._normal is None:

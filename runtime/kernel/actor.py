@@ -133,7 +133,11 @@ class TrioActorRef(ActorRef[A]):
         if self.actor_stopped._set:  # type: ignore[attr-defined]  # noqa: SLF001 - our `_StoppedFlag`
             msg = f"{self} not found"
             raise ActorDeadError(msg)
-        self.actor_inbox.put(Envelope(message))
+        inbox = self.actor_inbox
+        # Mail an idle actor can take now (most mail) is handled without an envelope; a supervisor message
+        # (its own lane) or mail that must queue goes through `put`.
+        if not inbox.deliver_now(message):  # type: ignore[attr-defined]
+            inbox.put(Envelope(message))
 
     def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
         asked: TrioFuture[None] = self.ask(_ActorStop(), block=False)  # type: ignore[assignment]
@@ -295,9 +299,7 @@ class TrioActor(pykka.Actor):
 
     # -- delivery (called by the dispatcher, one envelope at a time) ----------------
 
-    def _handle_envelope(self, envelope: Envelope[Any]) -> None:
-        message = envelope.message
-        reply_to: TrioFuture[Any] | None = envelope.reply_to  # type: ignore[assignment]
+    def _handle(self, message: Any, reply_to: TrioFuture[Any] | None) -> None:
         kind = type(message)
         if kind is Abort:
             self._abort(message.reason, reply_to)
