@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from queryloop.actors.budget_guard import CheckTokenBudget
-from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared, prepared
-from queryloop.actors.model_caller import CallEnded
+from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared
+from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded
 from queryloop.actors.query_loop.ending import QueryLoopEnding
 from queryloop.actors.query_loop.run import PendingSummary, Run, Turn
 from queryloop.actors.summarizer import Summarize
@@ -29,6 +29,7 @@ from queryloop.runtime.loop.events import (
     ToolUseSummaryEvent,
     TranscriptMessage,
     UserMessage,
+    api_error_message,
 )
 from queryloop.runtime.loop.hooks import STOP_HOOK_FEEDBACK, StopHookInput, hook_error_message
 from queryloop.runtime.loop.model import ModelError
@@ -167,24 +168,38 @@ class QueryLoopContext(QueryLoopEnding):
         )
         return PendingSummary(future=future, tool_use_ids=list(turn.tool_ids))
 
-    def _as_they_are(self, run: Run, messages: list[TranscriptMessage]) -> Prepared | None:
-        """`messages` prepared as they are, when no compaction stage has work (most iterations); else None."""
+    @staticmethod
+    def _pipeline_needed(run: Run, messages: list[TranscriptMessage]) -> bool:
+        """Whether a compaction stage has work on `messages` (not on most iterations): `pipeline_needed`."""
         context = run.context
-        if pipeline_needed(
+        return pipeline_needed(
             messages,
             context.limits,
             max_tool_result_chars=context.max_tool_result_chars,
             snip_max_rounds=context.snip_max_rounds,
             scan=run.oversized_scan,
             count=run.token_count,
-        ):
-            return None
-        return prepared(
-            messages=messages, tokens=0, compacted=None, pre_compact_tokens=0, snip_tokens_freed=0, blocking=False
         )
 
+    async def _through_pipeline(
+        self, run: Run, messages: list[TranscriptMessage]
+    ) -> list[TranscriptMessage] | Terminal:
+        """`messages` through the Compactor's pipeline (`_pipeline_needed`): the messages to send, or how the
+        query ends (aborted while compacting; the blocking limit)."""
+        prepared = await self._prepare(run, messages)
+        if prepared is None:
+            return self._end_early(run, None, "aborted_streaming")
+        if prepared.compacted is not None:
+            messages = await self._install_compaction(run, prepared.compacted, prepared.pre_compact_tokens)
+        else:
+            messages = prepared.messages
+        if prepared.blocking:
+            await self._surface(run, api_error_message(run.model, PROMPT_TOO_LONG_ERROR_MESSAGE))
+            return Terminal(reason="blocking_limit")
+        return messages
+
     async def _prepare(self, run: Run, messages: list[TranscriptMessage]) -> Prepared | None:
-        """The Compactor's pipeline over `messages` (`_as_they_are` found a stage with work); None if aborted."""
+        """The Compactor's pipeline over `messages`; None if aborted."""
         answer: Prepared | None = None
         with self._phase(run):
             try:

@@ -40,7 +40,6 @@ import trio
 
 from queryloop.actors.budget_guard import BeginQuery, BudgetLedger, BudgetStatus
 from queryloop.actors.compactor import StageCollapse, context_config
-from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE
 from queryloop.actors.query_loop.context import QueryLoopContext
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, Refused, RunQuery
 from queryloop.actors.query_loop.run import BudgetExceeded, Run
@@ -49,7 +48,7 @@ from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo, collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
-from queryloop.runtime.loop.events import TranscriptMessage, UserMessage, api_error_message
+from queryloop.runtime.loop.events import TranscriptMessage, UserMessage
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
 from queryloop.runtime.loop.state import (
     COMPLETED,
@@ -282,19 +281,12 @@ class QueryLoop(QueryLoopContext):
         while True:
             if state.transition is not None and self.transcript is not None:
                 await self.transcript.flush()  # a continue site: the turn that ended is made durable
-            messages = self._boundary.after(state.messages)
-            # As they are on most iterations; the Compactor's pipeline when a stage has work.
-            prepared = self._as_they_are(run, messages) or await self._prepare(run, messages)
-            if prepared is None:  # aborted while summarizing or compacting
-                return self._end_early(run, None, "aborted_streaming"), state
-            messages_for_query = prepared.messages
-            if prepared.compacted is not None:
-                messages_for_query = await self._install_compaction(
-                    run, prepared.compacted, prepared.pre_compact_tokens
-                )
-            if prepared.blocking:
-                await self._surface(run, api_error_message(run.model, PROMPT_TOO_LONG_ERROR_MESSAGE))
-                return Terminal(reason="blocking_limit"), state
+            messages_for_query = self._boundary.after(state.messages)
+            if self._pipeline_needed(run, messages_for_query):  # sent as they are on most iterations
+                through = await self._through_pipeline(run, messages_for_query)
+                if isinstance(through, Terminal):  # aborted while compacting, or at the blocking limit
+                    return through, state
+                messages_for_query = through
             turn, messages_for_query = await self._model_phase(run, state, messages_for_query)
             ended = turn.ended
             if run.control.abort_reason is not None or ended is None:
@@ -351,7 +343,7 @@ class QueryLoop(QueryLoopContext):
             )
             # The turn's messages are in the state now: its own objects (lists, channel, the call's end) die
             # here, not when the next call returns, so a thousand loops in flight hold a turn each, not two.
-            del turn, ended, attachments, prepared
+            del turn, ended, attachments
             run.transitions.append("next_turn")
             if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits, run.token_count):
                 self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
