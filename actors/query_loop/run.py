@@ -53,8 +53,9 @@ class Turn:
     ended: CallEnded | None = None
     prevent_continuation: bool = False
     response_closed: bool = False
-    held_results: list[TranscriptMessage] = field(default_factory=list)
-    """Tool results emitted while their response was still streaming, waiting for its last block."""
+    held_results: list[TranscriptMessage] | None = None
+    """Tool results emitted while their response was still streaming, waiting for its last block (None: no
+    result has had to wait, as on most turns)."""
     progress: CallProgress = field(default_factory=CallProgress)
     """What the call's stream reported so far, kept by the ModelCaller (billed even if the call never ends)."""
     usage_recorded: bool = False

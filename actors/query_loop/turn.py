@@ -137,9 +137,9 @@ class QueryLoopTurns(TrioActor):
                     turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
                 return turn, messages_for_query
             if self.transcript is not None:  # logged as held already: retracted there too
-                for message in turn.held_results:
+                for message in turn.held_results or ():
                     self.transcript.append(TombstoneEvent(message_uuid=message.uuid))
-            turn.held_results.clear()  # results of the abandoned response go with it
+            turn.held_results = None  # results of the abandoned response go with it
             for message in [*turn.assistant_messages, *turn.tool_results]:
                 await self._emit(run, TombstoneEvent(message_uuid=message.uuid))
             self.executor.tell(Discard())
@@ -315,12 +315,12 @@ class QueryLoopTurns(TrioActor):
         """The response has no more blocks: the results held back join the conversation after it."""
         turn.response_closed = True
         held = turn.held_results
-        if not held:
+        if held is None:
             return
         self.conversation.extend(held)  # their records are in the log already, held: released there too
         if self.transcript is not None:
             self.transcript.release()
-        held.clear()
+        turn.held_results = None
 
     async def _emit(
         self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False, record: bool = True
@@ -364,6 +364,8 @@ class QueryLoopTurns(TrioActor):
         writes before it takes an event. A held result is logged as held, at once."""
         if isinstance(event, TRANSCRIPT_TYPES):
             if of_turn is not None and not of_turn.response_closed:
+                if of_turn.held_results is None:
+                    of_turn.held_results = []
                 of_turn.held_results.append(event)
                 if self.transcript is not None:
                     self.transcript.append(event, held=True)
