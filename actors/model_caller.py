@@ -236,16 +236,16 @@ class _Tries:
         self.emitted = False
 
 
-_FORWARDED_AS_THEY_ARE = ("content_block_delta", "content_block_start", "content_block_stop", "message_stop")
-"""Event types that are forwarded unchecked when they come in a plain dict: their `type` is a string, and they
-carry no usage (`message_start` and `message_delta` do, and `_noted` notes it). A tuple, the most frequent
-first: an unhashable `type` (a malformed event) must reach `_noted`, not raise in a set's lookup."""
+_FORWARDED_AS_THEY_ARE = ("content_block_start", "content_block_stop", "message_stop")
+"""Event types that are forwarded unchecked when they come in a plain dict, as a `content_block_delta` is: their
+`type` is a string, and they carry no usage (`message_start` and `message_delta` do, and `_noted` notes it).
+A tuple: an unhashable `type` (a malformed event) must reach `_noted`, not raise in a set's lookup."""
 
 
 def _noted(raw: Any, kind: Any, progress: CallProgress) -> Any:
-    """An event not `_FORWARDED_AS_THEY_ARE` (`kind`: its type, read already; None for any object but a plain
-    dict), checked before it is forwarded, its usage noted: the item to forward (a dict subclass wrapped here, since
-    the consumer's handle wraps plain dicts only)."""
+    """An event neither a delta nor `_FORWARDED_AS_THEY_ARE` (`kind`: its type, read already; None for any
+    object but a plain dict), checked before it is forwarded, its usage noted: the item to forward (a dict
+    subclass wrapped here, since the consumer's handle wraps plain dicts only)."""
     if kind is None and isinstance(raw, dict):
         kind = raw.get("type")
     if kind.__class__ is not str:
@@ -403,7 +403,10 @@ class ModelCaller(TrioActor):
             async for raw in stream:
                 # An event in a plain dict that carries no usage (all but two a response): none of `_noted`'s checks.
                 kind = raw.get("type") if raw.__class__ is dict else None
-                item = raw if kind in _FORWARDED_AS_THEY_ARE else _noted(raw, kind, progress)
+                if kind == "content_block_delta" or kind in _FORWARDED_AS_THEY_ARE:  # a delta first: most events
+                    item = raw
+                else:
+                    item = _noted(raw, kind, progress)
                 tries.emitted = True
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
