@@ -195,20 +195,23 @@ class PriorityInbox:
         else:
             self._token.run_sync_soon(self._put, envelope)
 
-    def deliver_now(self, message: Any, reply_to: TrioFuture[Any] | None = None) -> bool:
-        """Handle `message` now, without an envelope, if `put` would: ordinary mail, put on the inbox's thread,
-        the actor open and idle (nothing of it queued), no handler running. Whether it was."""
+    def _takes_mail_now(self) -> bool:
+        """The actor is open (not starting, aborting, stopping or stopped: a closed inbox's gate is CLOSED) and
+        idle (nothing of it queued), and no handler runs: ordinary mail put now is handled now."""
+        return self._gate == OPEN and not (
+            self._scheduled or self._normal or self._urgent or self._dispatcher._running  # noqa: SLF001
+        )
+
+    def deliver_now(self, message: Any) -> bool:
+        """Handle ordinary `message` now, without an envelope, if `put` would (`_takes_mail_now`, on the inbox's
+        thread): a `tell` to an idle actor. Whether it was."""
         if (
             isinstance(message, SupervisorMessage)  # its own lane: `put`
-            or self._gate != OPEN  # not started, aborting, stopping or stopped (a closed inbox's gate is CLOSED)
-            or self._scheduled
-            or self._normal
-            or self._urgent
-            or self._dispatcher._running  # noqa: SLF001
             or threading.get_ident() != self._thread
+            or not self._takes_mail_now()
         ):
             return False
-        self._dispatcher.deliver(self._actor, message, reply_to)  # type: ignore[arg-type]  # open: the actor is set
+        self._dispatcher.deliver(self._actor, message, None)  # type: ignore[arg-type]  # open: the actor is set
         return True
 
     def _put(self, envelope: Envelope[Any]) -> None:
@@ -219,8 +222,7 @@ class PriorityInbox:
             if self._urgent is None:
                 self._urgent = deque()
             self._urgent.append(envelope)
-        elif self._gate == OPEN and not (self._scheduled or self._normal or self._urgent or self._dispatcher._running):  # noqa: SLF001
-            # Nothing of this actor waits and no handler runs: handled now, as `_run` would, without the queue.
+        elif self._takes_mail_now():  # handled now, as `_run` would, without the queue (an ask, a foreign put)
             self._dispatcher.deliver(self._actor, envelope.message, envelope.reply_to)  # type: ignore[arg-type]
             return
         else:
