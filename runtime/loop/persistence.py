@@ -30,6 +30,9 @@ The rule (docs/design.md, "Durability"): nothing the consumer saw is lost to a c
   (`INLINE_FSYNC_S`: a tmpfs, a write-back cache) runs inline instead, until one is slow again;
   `sync_now()` is that inline path alone (an abort ends its query inside its own call with it).
 
+A failed write (a full disk) keeps what it did not write, first in line for the next; a log closed on
+such a failure raises at every later write, so no consumer takes an event whose record is not in the file.
+
 Every write happens on the trio thread, in the order of the appends: the worker thread only
 fsyncs, so a write can never overtake another.
 
@@ -41,6 +44,7 @@ result, so that the conversation it returns is valid to send again.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -83,12 +87,6 @@ def _line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class TranscriptLog:
     """Appends a session's transcript records to `path`: in the file (the OS's) once `write()` has
     returned, on disk once `flush()` has (see the module docstring for who calls which, when).
@@ -110,6 +108,8 @@ class TranscriptLog:
         self._lock = trio.Lock()
         self._inline = False
         """The last fsync took less than `INLINE_FSYNC_S`: the next runs on the trio thread."""
+        self._close_error: OSError | None = None
+        """Why `close()` could not write what was buffered."""
         size = os.fstat(self._fd).st_size
         self.is_new = size == 0
         """The file was empty when opened: it holds nothing but what this log writes."""
@@ -142,15 +142,27 @@ class TranscriptLog:
         """Hand what is buffered to the OS, in one syscall (none if nothing is): a SIGKILL keeps it.
 
         Synchronous, on the trio thread: the records are small, and a write that waited for a
-        thread could be overtaken by the next one. An error (a full disk) is raised here.
+        thread could be overtaken by the next one. An error (a full disk) is raised here, and loses
+        nothing: what did not reach the file stays buffered, and the next call goes on from the byte
+        this one stopped at (so no record is cut in two, and none is skipped).
         """
         pending = self._pending
-        if not pending or self._fd is None:
+        if not pending:
             return
+        fd = self._fd
+        if fd is None:  # closed by a `close()` whose write failed: these records are not in the file
+            msg = f"transcript {self.path} was closed with {sum(map(len, pending))} bytes it could not write"
+            raise OSError(errno.EIO, msg) from self._close_error
         data = pending[0] if len(pending) == 1 else b"".join(pending)
         pending.clear()
         self._unsynced = True
-        _write_all(self._fd, data)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            pending.append(bytes(view))  # first in line: the buffer was emptied above, and nothing ran since
+            raise
 
     def sync_now(self) -> bool:
         """`write()`, then fsync inline if the last fsync was fast (`INLINE_FSYNC_S`): True when the
@@ -189,19 +201,24 @@ class TranscriptLog:
         return time.perf_counter() - start
 
     def close(self) -> None:
-        """Write what is still buffered (not fsynced: this must not wait on the disk), then close. Idempotent."""
+        """Write what is still buffered (not fsynced: this must not wait on the disk), then close. Idempotent.
+
+        A failed write is raised after the file is closed; what it could not write stays buffered, so
+        `write()` raises from then on, and no consumer takes an event whose record is not in the file.
+        """
         fd = self._fd
         if fd is None:
             return
         if self._lock.locked():
             msg = "TranscriptLog.close() while a flush is running"
             raise RuntimeError(msg)
-        self._fd = None
         try:
-            if self._pending:
-                _write_all(fd, b"".join(self._pending))
-                self._pending.clear()
+            self.write()
+        except OSError as error:
+            self._close_error = error
+            raise
         finally:
+            self._fd = None
             os.close(fd)
 
 

@@ -1,0 +1,122 @@
+"""A transcript on a full disk: the write fails, nothing is lost, and the consumer takes no event the file lacks.
+
+The disk is made full for real: the log's file descriptor is pointed at `/dev/full` (every write fails with
+ENOSPC) and back at the file to free the disk. No code of ours is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio.testing
+
+from queryloop import Runtime
+from queryloop.actors.query_loop.run import TRANSCRIPT_TYPES
+from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, UserMessage
+from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.persistence import TranscriptLog, load_transcript
+from queryloop.runtime.providers.scripted import ScriptedModel
+from tests.helpers import scripted_tool, tool_use, tools_reply
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/full and /proc/self/fd are Linux's")
+
+
+@contextlib.contextmanager
+def disk_full(path: Path) -> Iterator[None]:
+    """While inside, every write to `path` (open once in this process) fails with ENOSPC."""
+    real = str(path.resolve())
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            if os.readlink(f"/proc/self/fd/{name}") == real:
+                fds.append(int(name))
+    assert len(fds) == 1, f"{path} is open {len(fds)} times"
+    saved, full = os.dup(fds[0]), os.open("/dev/full", os.O_WRONLY)
+    os.dup2(full, fds[0])
+    try:
+        yield
+    finally:
+        os.dup2(saved, fds[0])
+        os.close(saved)
+        os.close(full)
+
+
+def logged_uuids(path: Path) -> set[str]:
+    return {json.loads(line).get("uuid") for line in path.read_bytes().splitlines()}
+
+
+def assert_in_file(event: QueryEvent, path: Path) -> None:
+    if isinstance(event, TRANSCRIPT_TYPES):
+        assert event.uuid in logged_uuids(path), f"{event!r} reached the consumer, its record did not reach the file"
+
+
+def test_a_failed_write_keeps_its_records_for_the_next_write(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    log = TranscriptLog(path, "s1")
+    log.write()
+    log.append(prompt := UserMessage(content="Fix the bug"))
+    with disk_full(path), pytest.raises(OSError, match="No space left") as failed:
+        log.write()
+    assert failed.value.errno == errno.ENOSPC
+    log.write()  # the disk has room again
+    log.close()
+    assert load_transcript(path).messages == [prompt]
+    assert load_transcript(path).problems == []
+
+
+async def test_a_consumer_told_the_disk_is_full_takes_every_event_once_the_disk_has_room(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    model = ScriptedModel([tools_reply(tool_use("t1", "slow"), text="Reading.")])
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(
+            QueryOptions(provider=model, tools=[scripted_tool("slow", latency=3600)]), transcript=path
+        )
+        handle = session.query("Fix the bug")
+        await trio.testing.wait_all_tasks_blocked()  # the response is streamed; its blocks wait for the consumer
+        with disk_full(path), pytest.raises(OSError) as failed:
+            await handle.__anext__()
+        assert failed.value.errno == errno.ENOSPC
+        received = 0
+        async for event in handle:  # the disk has room again: the same events, each with its record written
+            assert_in_file(event, path)
+            if isinstance(event, AssistantMessage):
+                received += 1
+                if received == 2:
+                    await session.abort("user")  # the slow tool would run for an hour
+        assert received == 2
+        assert handle.result is not None
+        transcript = await session.transcript()
+        await session.close()
+    loaded = load_transcript(path)
+    assert loaded.problems == []
+    assert loaded.messages == transcript
+
+
+async def test_a_log_closed_on_a_full_disk_hands_the_consumer_no_event_whose_record_is_lost(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    model = ScriptedModel([tools_reply(tool_use("t1", "slow"), text="Reading.")])
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(
+            QueryOptions(provider=model, tools=[scripted_tool("slow", latency=3600)]), transcript=path
+        )
+        handle = session.query("Fix the bug")
+        await trio.testing.wait_all_tasks_blocked()  # the blocks' records wait in the log's buffer
+        with disk_full(path):
+            await session.close()  # the log's last write fails: it closes with those records unwritten
+        received: list[QueryEvent] = []
+        with pytest.raises(OSError, match="could not write") as failed:
+            async for event in handle:
+                assert_in_file(event, path)
+                received.append(event)
+        assert failed.value.errno == errno.EIO
+        assert isinstance(failed.value.__cause__, OSError)
+        assert failed.value.__cause__.errno == errno.ENOSPC
+        assert not any(isinstance(event, AssistantMessage) for event in received)
+    assert load_transcript(path).problems == []
