@@ -19,11 +19,12 @@ import trio.testing
 
 from queryloop import Runtime
 from queryloop.actors.query_loop.run import TRANSCRIPT_TYPES
+from queryloop.runtime.errors import ActorCrashed
 from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, UserMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import TranscriptLog, load_transcript
 from queryloop.runtime.providers.scripted import ScriptedModel
-from tests.helpers import scripted_tool, tool_use, tools_reply
+from tests.helpers import scripted_tool, text_reply, tool_use, tools_reply
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/full and /proc/self/fd are Linux's")
 
@@ -120,3 +121,32 @@ async def test_a_log_closed_on_a_full_disk_hands_the_consumer_no_event_whose_rec
         assert failed.value.__cause__.errno == errno.ENOSPC
         assert not any(isinstance(event, AssistantMessage) for event in received)
     assert load_transcript(path).problems == []
+
+
+async def test_a_loop_whose_own_write_fails_crashes_its_session_and_the_file_resumes_once_the_disk_has_room(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.jsonl"
+    options = QueryOptions(provider=ScriptedModel([text_reply("First."), text_reply("Second.")]))
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(options, transcript=path)
+        async for _ in session.query("One"):
+            pass
+        kept = await session.transcript()
+        with disk_full(path), pytest.raises(ActorCrashed) as crashed:
+            async for _ in session.query("Two"):  # the prompt's write, before any request, fails
+                pass
+        assert isinstance(crashed.value.error, OSError)
+        assert crashed.value.error.errno == errno.ENOSPC
+        await session.close()
+        loaded = load_transcript(path)
+        assert loaded.problems == []
+        assert loaded.messages == kept
+        resumed = await runtime.open_session(options, resume=path)
+        assert await resumed.transcript() == kept
+        handle = resumed.query("Two")
+        async for _ in handle:
+            pass
+        assert handle.result is not None
+        assert handle.result.result == "Second."
+        await resumed.close()
