@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio.testing
 
-from queryloop import Runtime
+from queryloop import QueryHandle, Runtime, Session
 from queryloop.actors.query_loop.run import TRANSCRIPT_TYPES
 from queryloop.runtime.errors import ActorCrashed
 from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, UserMessage
@@ -72,15 +72,22 @@ def test_a_failed_write_keeps_its_records_for_the_next_write(tmp_path: Path) -> 
     assert load_transcript(path).problems == []
 
 
+async def streamed_and_waiting_on_a_slow_tool(runtime: Runtime, path: Path) -> tuple[Session, QueryHandle]:
+    """A query whose response is streamed, its blocks' events waiting for the consumer and their records in
+    the log's buffer, while the loop waits on a tool that would run for an hour."""
+    model = ScriptedModel([tools_reply(tool_use("t1", "slow"), text="Reading.")])
+    session = await runtime.open_session(
+        QueryOptions(provider=model, tools=[scripted_tool("slow", latency=3600)]), transcript=path
+    )
+    handle = session.query("Fix the bug")
+    await trio.testing.wait_all_tasks_blocked()
+    return session, handle
+
+
 async def test_a_consumer_told_the_disk_is_full_takes_every_event_once_the_disk_has_room(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    model = ScriptedModel([tools_reply(tool_use("t1", "slow"), text="Reading.")])
     async with Runtime.open() as runtime:
-        session = await runtime.open_session(
-            QueryOptions(provider=model, tools=[scripted_tool("slow", latency=3600)]), transcript=path
-        )
-        handle = session.query("Fix the bug")
-        await trio.testing.wait_all_tasks_blocked()  # the response is streamed; its blocks wait for the consumer
+        session, handle = await streamed_and_waiting_on_a_slow_tool(runtime, path)
         with disk_full(path), pytest.raises(OSError) as failed:
             await handle.__anext__()
         assert failed.value.errno == errno.ENOSPC
@@ -102,13 +109,8 @@ async def test_a_consumer_told_the_disk_is_full_takes_every_event_once_the_disk_
 
 async def test_a_log_closed_on_a_full_disk_hands_the_consumer_no_event_whose_record_is_lost(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    model = ScriptedModel([tools_reply(tool_use("t1", "slow"), text="Reading.")])
     async with Runtime.open() as runtime:
-        session = await runtime.open_session(
-            QueryOptions(provider=model, tools=[scripted_tool("slow", latency=3600)]), transcript=path
-        )
-        handle = session.query("Fix the bug")
-        await trio.testing.wait_all_tasks_blocked()  # the blocks' records wait in the log's buffer
+        session, handle = await streamed_and_waiting_on_a_slow_tool(runtime, path)
         with disk_full(path):
             await session.close()  # the log's last write fails: it closes with those records unwritten
         received: list[QueryEvent] = []
