@@ -29,15 +29,21 @@ from tests.helpers import scripted_tool, text_reply, tool_use, tools_reply
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/full and /proc/self/fd are Linux's")
 
 
-@contextlib.contextmanager
-def disk_full(path: Path) -> Iterator[None]:
-    """While inside, every write to `path` (open once in this process) fails with ENOSPC."""
+def descriptors_of(path: Path) -> list[int]:
+    """This process's file descriptors open on `path`."""
     real = str(path.resolve())
     fds = []
     for name in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
             if os.readlink(f"/proc/self/fd/{name}") == real:
                 fds.append(int(name))
+    return fds
+
+
+@contextlib.contextmanager
+def disk_full(path: Path) -> Iterator[None]:
+    """While inside, every write to `path` (open once in this process) fails with ENOSPC."""
+    fds = descriptors_of(path)
     assert len(fds) == 1, f"{path} is open {len(fds)} times"
     saved, full = os.dup(fds[0]), os.open("/dev/full", os.O_WRONLY)
     os.dup2(full, fds[0])
@@ -152,3 +158,14 @@ async def test_a_loop_whose_own_write_fails_crashes_its_session_and_the_file_res
         assert handle.result is not None
         assert handle.result.result == "Second."
         await resumed.close()
+
+
+async def test_a_session_whose_transcript_cannot_be_written_does_not_open_and_leaves_nothing_open() -> None:
+    async with Runtime.open() as runtime:
+        full = Path("/dev/full")
+        before = len(descriptors_of(full))
+        with pytest.raises(OSError) as failed:  # a file on a full disk: its first record cannot be written
+            await runtime.open_session(QueryOptions(provider=ScriptedModel([])), transcript=full)
+        assert failed.value.errno == errno.ENOSPC
+        assert len(descriptors_of(full)) == before
+        assert dict(runtime.groups) == {}

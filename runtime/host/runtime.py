@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import secrets
 from contextlib import asynccontextmanager
@@ -168,7 +169,8 @@ class Runtime:
                 await log.flush()  # the repairs (or the restored history) on disk before any new message
             except BaseException:
                 if log is not None:
-                    log.close()
+                    with contextlib.suppress(OSError):  # a full disk fails this write too: the error raised says so
+                        log.close()
                 await group.close()
                 raise
         # The Compactor and the HaikuSummarizer are spawned by the QueryLoop on first need, and so is the

@@ -44,6 +44,7 @@ result, so that the conversation it returns is valid to send again.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -441,19 +442,24 @@ def open_log(
     caller's `flush()` then only fsyncs.
     """
     log = TranscriptLog(path, session_id)
-    if resumed is not None:
-        same = resumed_from is not None and not log.is_new and os.path.samefile(path, resumed_from)
-        for message in resumed.repairs if same else resumed.messages:
-            log.append(message)
-        if not same:  # the sidechains too: the new file alone restores them
-            for side in resumed.sidechains.values():
-                side_log = SidechainLog(
-                    log,
-                    agent_id=side.agent_id,
-                    agent_type=side.agent_type,
-                    parent_tool_use_id=side.parent_tool_use_id or "",
-                )
-                for message in side.messages:
-                    side_log.append(message)
-    log.write()
+    try:
+        if resumed is not None:
+            same = resumed_from is not None and not log.is_new and os.path.samefile(path, resumed_from)
+            for message in resumed.repairs if same else resumed.messages:
+                log.append(message)
+            if not same:  # the sidechains too: the new file alone restores them
+                for side in resumed.sidechains.values():
+                    side_log = SidechainLog(
+                        log,
+                        agent_id=side.agent_id,
+                        agent_type=side.agent_type,
+                        parent_tool_use_id=side.parent_tool_use_id or "",
+                    )
+                    for message in side.messages:
+                        side_log.append(message)
+        log.write()
+    except BaseException:
+        with contextlib.suppress(OSError):  # its write fails again: the error being raised says why
+            log.close()
+        raise
     return log
