@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import secrets
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -169,7 +168,7 @@ class Runtime:
                 await log.flush()  # the repairs (or the restored history) on disk before any new message
             except BaseException:
                 if log is not None:
-                    with contextlib.suppress(OSError):  # a full disk fails this write too: the error raised says so
+                    with suppress(OSError):  # a full disk fails this write too: the error raised says so
                         log.close()
                 await group.close()
                 raise
