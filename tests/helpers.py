@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -180,3 +182,8 @@ def count_size_measures(monkeypatch: Any) -> list[str]:
 
     monkeypatch.setattr(context, "_result_text", counting)
     return measured
+
+
+def logged_uuids(path: Path) -> set[str]:
+    """The uuids of the message records a transcript file holds now (every write is whole lines)."""
+    return {json.loads(line).get("uuid") for line in path.read_bytes().splitlines()}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import sys
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, UserMess
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import TranscriptLog, load_transcript
 from queryloop.runtime.providers.scripted import ScriptedModel
-from tests.helpers import scripted_tool, text_reply, tool_use, tools_reply
+from tests.helpers import logged_uuids, scripted_tool, text_reply, tool_use, tools_reply
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/full and /proc/self/fd are Linux's")
 
@@ -53,10 +52,6 @@ def disk_full(path: Path) -> Iterator[None]:
         os.dup2(saved, fds[0])
         os.close(saved)
         os.close(full)
-
-
-def logged_uuids(path: Path) -> set[str]:
-    return {json.loads(line).get("uuid") for line in path.read_bytes().splitlines()}
 
 
 def assert_in_file(event: QueryEvent, path: Path) -> None:

@@ -34,14 +34,9 @@ from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import TranscriptLog, load_transcript
 from queryloop.runtime.loop.transcript import normalize_messages_for_api, transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedModel
-from tests.helpers import assert_settled, consume, scripted_tool, text_reply, tool_use, tools_reply
+from tests.helpers import assert_settled, consume, logged_uuids, scripted_tool, text_reply, tool_use, tools_reply
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def logged_uuids(path: Path) -> set[str]:
-    """The uuids of the message records the file holds now (every write is whole lines)."""
-    return {json.loads(line).get("uuid") for line in path.read_bytes().splitlines()}
 
 
 async def test_every_message_is_in_the_file_before_the_consumer_receives_it(tmp_path: Path) -> None:
