@@ -21,6 +21,7 @@ from queryloop.runtime.loop.decisions import (
     context_is_full,
     max_output_tokens_action,
     pause_turn_may_continue,
+    stop_hook_block_capped,
 )
 from queryloop.runtime.loop.events import (
     AssistantMessage,
@@ -31,7 +32,12 @@ from queryloop.runtime.loop.events import (
     UserMessage,
     api_error_message,
 )
-from queryloop.runtime.loop.hooks import STOP_HOOK_FEEDBACK, StopHookInput, hook_error_message
+from queryloop.runtime.loop.hooks import (
+    STOP_HOOK_FEEDBACK,
+    StopHookInput,
+    hook_error_message,
+    stop_hook_block_cap_message,
+)
 from queryloop.runtime.loop.model import ModelError
 from queryloop.runtime.loop.state import (
     COMPLETED,
@@ -86,11 +92,25 @@ class QueryLoopContext(QueryLoopEnding):
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
     ) -> State | Terminal:
         """A response without tools: the stop hooks, then the token budget; the next State, or the end."""
-        prevent, blocking = await self._stop_hooks(run, state, messages_for_query, turn)
+        prevent, errors = await self._stop_hooks(run, state, messages_for_query, turn)
+        cap = run.options.stop_hook_block_cap
+        capped = bool(errors) and stop_hook_block_capped(state.stop_hook_blocks, cap)
+        # An overridden block's feedback is not emitted: it would join the conversation, unanswered.
+        blocking = (
+            [] if capped else [UserMessage(content=STOP_HOOK_FEEDBACK.format(error=e), is_meta=True) for e in errors]
+        )
+        if prevent is None:
+            for message in blocking:
+                await self._emit(run, message)
         if run.control.abort_reason is not None:
             return self._end_early(run, turn, abort_terminal(True, False))
         if prevent is not None:
             return Terminal(reason="stop_hook_prevented", error=prevent)
+        if capped:
+            notice = stop_hook_block_cap_message(cap, errors)
+            self.log.warning("stop hooks blocked {} times in a row: block overridden, turn ended", cap)
+            await self._emit(run, notice)
+            return Terminal(reason="completed", error=notice.content)
         if blocking:
             run.transitions.append("stop_hook_blocking")
             return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
@@ -265,15 +285,17 @@ class QueryLoopContext(QueryLoopEnding):
 
     async def _stop_hooks(
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
-    ) -> tuple[str | None, list[UserMessage]]:
-        """Every stop hook in turn: the first `prevent`, and the blocking errors' feedback (emitted unless
-        prevented). A hook that raises counts as passing: its `hook_error` event is emitted at once and
-        its text kept for the result's `errors`."""
+    ) -> tuple[str | None, list[str]]:
+        """Every stop hook in turn: the first `prevent`, and the blocking errors' texts. A hook that raises
+        counts as passing: its `hook_error` event is emitted at once and its text kept for the result's
+        `errors`."""
         hooks = run.options.stop_hooks
         if not hooks:
             return None, []
         hook_input = StopHookInput(
-            messages=[*messages_for_query, *turn.assistant_messages], stop_hook_active=state.stop_hook_active
+            messages=[*messages_for_query, *turn.assistant_messages],
+            stop_hook_active=state.stop_hook_active,
+            consecutive_blocks=state.stop_hook_blocks,
         )
         prevent: str | None = None
         errors: list[str] = []
@@ -291,11 +313,7 @@ class QueryLoopContext(QueryLoopEnding):
                     prevent = decision.prevent
                 if decision.blocking_error is not None:
                     errors.append(decision.blocking_error)
-        blocking = [UserMessage(content=STOP_HOOK_FEEDBACK.format(error=e), is_meta=True) for e in errors]
-        if prevent is None:
-            for message in blocking:
-                await self._emit(run, message)
-        return prevent, blocking
+        return prevent, errors
 
     async def _hook_error(self, run: Run, message: SystemMessage) -> None:
         run.hook_errors.append(message.content)

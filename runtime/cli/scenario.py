@@ -48,6 +48,7 @@ class ScenarioOptions(_Strict):
     context_window: int | None = None
     max_output_tokens: int = 8000
     max_retries: int = 2
+    stop_hook_block_cap: int = Field(default=8, ge=0)
     pricing: Pricing | None = None
 
 
@@ -200,6 +201,7 @@ async def run_scenario(scenario: Scenario) -> dict[str, Any]:
         context_window=o.context_window,
         max_output_tokens=o.max_output_tokens,
         max_retries=o.max_retries,
+        stop_hook_block_cap=o.stop_hook_block_cap,
         pricing=o.pricing,
         tools=[script.tool(t) for t in scenario.tools],
         stop_hooks=[script.stop_hook] if scenario.stop_hooks else [],

@@ -8,7 +8,8 @@ reference's order:
 5. max-output-tokens recovery (and `model_context_window_exceeded`: compaction first when the input
    filled the window)  6. API error message, or a `refusal` (no stop hooks)  6a. `pause_turn`: the
    paused response is sent back, up to a cap (no stop hooks: the turn has not ended)
-7. stop hooks  8. token budget  9. max turns  10. max budget USD  11. completed
+7. stop hooks (a block past `stop_hook_block_cap` is overridden)  8. token budget  9. max turns
+10. max budget USD  11. completed
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ def max_output_tokens_action(state: State, *, max_output_tokens: int, escalated:
 def pause_turn_may_continue(continuations: int, cap: int) -> bool:
     """A `pause_turn` response is sent back while this turn has had fewer than `cap` continuations."""
     return continuations < cap
+
+
+def stop_hook_block_capped(blocks: int, cap: int) -> bool:
+    """Whether a stop hook's block, after `blocks` blocks in a row, is overridden and the query ends.
+
+    Claude Code's rule (2.1.143): a cap of 0 means no cap; otherwise `cap` blocks in a row are honoured
+    and the next one is not. A hook that ignores `stop_hook_active` would otherwise keep the model
+    answering forever: a block is no turn, so `max_turns` does not bound it.
+    """
+    return cap > 0 and blocks >= cap
 
 
 def context_is_full(usage: Usage, limits: ContextLimits) -> bool:

@@ -33,6 +33,9 @@ class StopHookInput(BaseModel):
     messages: list[TranscriptMessage]
     stop_hook_active: bool
     """True when a stop hook already blocked in this query: check it to avoid re-blocking forever."""
+    consecutive_blocks: int = 0
+    """How many times in a row the stop hooks have blocked (0 on a first stop, or after a turn that ran
+    tools). Once it reaches `QueryOptions.stop_hook_block_cap`, a block is overridden."""
 
 
 class PostToolUseInput(BaseModel):
@@ -49,6 +52,24 @@ StopHook = Callable[[StopHookInput], Awaitable[HookDecision | None]]
 PostToolUseHook = Callable[[PostToolUseInput], Awaitable[HookDecision | None]]
 
 STOP_HOOK_FEEDBACK = "Stop hook feedback:\n{error}"
+
+STOP_HOOK_BLOCK_CAP = "stop_hook_block_cap"
+"""The `subtype` of the `system` event that reports a block overridden by `QueryOptions.stop_hook_block_cap`."""
+
+
+def stop_hook_block_cap_message(cap: int, errors: list[str]) -> SystemMessage:
+    """The `system` event for a block overridden at the cap; its `content` is the text for `result.errors`.
+
+    `data`: `cap` and `blocking_errors` (the overridden hooks' texts, which the model does not see).
+    """
+    times = "time" if cap == 1 else "times"
+    text = (
+        f"Stop hooks blocked the turn from ending {cap} consecutive {times}; the next block was overridden "
+        "and the turn ended. A stop hook should let the turn end while `stop_hook_active` is True; "
+        "QueryOptions.stop_hook_block_cap raises this limit (0: no limit)."
+    )
+    return SystemMessage(subtype=STOP_HOOK_BLOCK_CAP, content=text, data={"cap": cap, "blocking_errors": errors})
+
 
 HookEvent = Literal["Stop", "PostToolUse"]
 

@@ -83,6 +83,10 @@ class QueryOptions(BaseModel):
     tools: list[Tool] = Field(default_factory=list)
     can_use_tool: CanUseTool | None = None
     stop_hooks: list[StopHook] = Field(default_factory=list)
+    stop_hook_block_cap: int = Field(default=8, ge=0)
+    """Stop-hook blocks in a row that are honoured; the next block is overridden and the query ends
+    `completed`, with a `system` event `stop_hook_block_cap` and the warning in `result.errors`.
+    0: no cap. Claude Code's `CLAUDE_CODE_STOP_HOOK_BLOCK_CAP`, whose default this is."""
     post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
     attachment_sources: list[AttachmentSource] = Field(default_factory=list)
     memory_prefetch: MemoryPrefetch | None = None

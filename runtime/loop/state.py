@@ -7,22 +7,27 @@ which is a bare `continue` with the state untouched (seed 001).
 
 What each site does to the fields that carry across iterations:
 
-| site | recovery count | reactive guard | output override | stop hook active |
-|---|---|---|---|---|
-| next_turn | 0 | reset | reset | cleared |
-| max_output_tokens_escalate | kept | kept | ESCALATED | cleared |
-| max_output_tokens_recovery | +1 | kept | kept | cleared |
-| stop_hook_blocking | 0 | **kept** (the production incident) | reset | True |
-| token_budget_continuation | 0 | reset | reset | cleared |
-| reactive_compact_retry | kept | True | reset | cleared |
-| collapse_drain_retry | kept | kept | reset | cleared |
-| pause_turn_continuation | kept | kept | kept | cleared |
+| site | recovery count | reactive guard | output override | stop hook active | stop hook blocks |
+|---|---|---|---|---|---|
+| next_turn | 0 | reset | reset | cleared | 0 |
+| max_output_tokens_escalate | kept | kept | ESCALATED | cleared | 0 |
+| max_output_tokens_recovery | +1 | kept | kept | cleared | 0 |
+| stop_hook_blocking | 0 | **kept** (the production incident) | reset | True | +1 |
+| token_budget_continuation | 0 | reset | reset | cleared | 0 |
+| reactive_compact_retry | kept | True | reset | cleared | 0 |
+| collapse_drain_retry | kept | kept | reset | cleared | 0 |
+| pause_turn_continuation | kept | kept | kept | cleared | 0 |
 
 `pause_turn_continuation` is not one of the reference's sites: the Messages API's `pause_turn` (a long
 server-tool turn, paused by the server) asks for the paused response back as is, in a new request of
 the same turn; it is named as the reference names a continuation (`token_budget_continuation`). It
 counts `pause_turn_continuations` (capped by `QueryOptions.max_pause_turn_continuations`); every other
 site resets that count but the recoveries of the same response (escalate, recovery, the 413 retries).
+
+`stop_hook_blocks` is not a field of the reference either: it is the counter Claude Code added after it
+(2.1.143, `CLAUDE_CODE_STOP_HOOK_BLOCK_CAP`), which only a block raises and every other continuation
+sets back to 0. A block does not count as a turn, so `max_turns` never sees a hook that blocks every
+stop; the counter lets `QueryOptions.stop_hook_block_cap` end that loop (`decisions.stop_hook_block_capped`).
 
 Every site also drops the pending tool-use summary it has consumed, except
 `next_turn`, which installs the one for the batch that just ran.
@@ -170,6 +175,8 @@ class State(_Frozen):
     turn_count: int = 1
     pause_turn_continuations: int = 0
     """`pause_turn` responses sent back in this turn so far (not a field of the reference: see above)."""
+    stop_hook_blocks: int = 0
+    """Stop-hook blocks in a row, since the last other continuation (not a field of the reference: see above)."""
     transition: Continue | None = None
 
 
@@ -215,6 +222,7 @@ def next_turn(
         max_output_tokens_override=None,
         pending_tool_use_summary=pending_tool_use_summary,
         stop_hook_active=False,
+        stop_hook_blocks=0,
         pause_turn_continuations=0,
         transition=NEXT_TURN,
     )
@@ -230,6 +238,7 @@ def max_output_tokens_escalate(
         max_output_tokens_override=escalated_max_tokens,
         pending_tool_use_summary=None,
         stop_hook_active=False,
+        stop_hook_blocks=0,
         transition=MaxOutputTokensEscalate(),
     )
 
@@ -248,6 +257,7 @@ def max_output_tokens_recovery(
         max_output_tokens_recovery_count=attempt,
         pending_tool_use_summary=None,
         stop_hook_active=False,
+        stop_hook_blocks=0,
         transition=MaxOutputTokensRecovery(attempt=attempt),
     )
 
@@ -272,6 +282,7 @@ def stop_hook_blocking(
         max_output_tokens_override=None,
         pending_tool_use_summary=None,
         stop_hook_active=True,
+        stop_hook_blocks=state.stop_hook_blocks + 1,
         pause_turn_continuations=0,
         transition=StopHookBlocking(),
     )
@@ -292,6 +303,7 @@ def token_budget_continuation(
         max_output_tokens_override=None,
         pending_tool_use_summary=None,
         stop_hook_active=False,
+        stop_hook_blocks=0,
         pause_turn_continuations=0,
         transition=TokenBudgetContinuation(),
     )
@@ -307,6 +319,7 @@ def reactive_compact_retry(state: State, post_compact_messages: list[TranscriptM
         max_output_tokens_override=None,
         pending_tool_use_summary=None,
         stop_hook_active=False,
+        stop_hook_blocks=0,
         transition=ReactiveCompactRetry(),
     )
 
@@ -319,6 +332,7 @@ def collapse_drain_retry(state: State, drained_messages: list[TranscriptMessage]
         max_output_tokens_override=None,
         pending_tool_use_summary=None,
         stop_hook_active=False,
+        stop_hook_blocks=0,
         transition=CollapseDrainRetry(committed=committed),
     )
 
@@ -338,6 +352,7 @@ def pause_turn_continuation(
         messages=[*messages_for_query, *assistant_messages],
         pending_tool_use_summary=None,
         stop_hook_active=False,
+        stop_hook_blocks=0,
         pause_turn_continuations=continuation,
         transition=PauseTurnContinuation(continuation=continuation),
     )
