@@ -162,8 +162,9 @@ def test_result_subtype_maps_limits_and_aborts_and_everything_else_is_success() 
         "max_budget_usd": "error_max_budget_usd",
         "aborted_streaming": "error_during_execution",
         "aborted_tools": "error_during_execution",
+        "max_structured_output_retries": "error_max_structured_output_retries",
     }
-    assert len(ALL_REASONS) == 11
+    assert len(ALL_REASONS) == 12
     for reason in ALL_REASONS:
         assert result_subtype(reason) == expected.get(reason, "success"), reason
 
@@ -178,6 +179,7 @@ def test_result_is_error_for_errors_aborts_and_limits_only() -> None:
         "max_budget_usd",
         "aborted_streaming",
         "aborted_tools",
+        "max_structured_output_retries",
     }
     for reason in ALL_REASONS:
         assert result_is_error(reason, api_error_surfaced=False) is (reason in errors), reason

@@ -52,6 +52,13 @@ from queryloop.runtime.loop.state import (
     stop_hook_blocking,
     token_budget_continuation,
 )
+from queryloop.runtime.loop.structured_output import (
+    ENFORCEMENT_TEXT,
+    StructuredAnswer,
+    answer_json,
+    attempts_exhausted,
+    exhausted_text,
+)
 from queryloop.runtime.loop.token_budget import TokenBudgetDecision
 from queryloop.runtime.loop.transcript import messages_after_compact_boundary
 
@@ -108,12 +115,16 @@ class QueryLoopContext(QueryLoopEnding):
             return Terminal(reason="stop_hook_prevented", error=prevent)
         if capped:
             notice = stop_hook_block_cap_message(cap, errors)
-            self.log.warning("stop hooks blocked {} times in a row: block overridden, turn ended", cap)
+            self.log.warning("stop hooks blocked {} times in a row: block overridden", cap)
             await self._emit(run, notice)
-            return Terminal(reason="completed", error=notice.content)
+            if run.structured is None:
+                return Terminal(reason="completed", error=notice.content)
+            run.hook_errors.append(notice.content)  # the hooks are overridden, not the demand for an answer
         if blocking:
             run.transitions.append("stop_hook_blocking")
             return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
+        if run.structured is not None:  # a final response without the answer (a valid one ends the query)
+            return await self._demand_answer(run, state, messages_for_query, turn, run.structured)
         nudge = await self._token_budget_nudge(run)
         if nudge is not None:
             run.transitions.append("token_budget_continuation")
@@ -314,6 +325,37 @@ class QueryLoopContext(QueryLoopEnding):
                 if decision.blocking_error is not None:
                     errors.append(decision.blocking_error)
         return prevent, errors
+
+    async def _demand_answer(
+        self,
+        run: Run,
+        state: State,
+        messages_for_query: list[TranscriptMessage],
+        turn: Turn,
+        structured: StructuredAnswer,
+    ) -> State | Terminal:
+        """A failed attempt at the structured answer: sent back with the demand, or the query's end."""
+        structured.failures += 1
+        if attempts_exhausted(structured.failures, run.options.max_structured_output_retries):
+            return Terminal(reason="max_structured_output_retries", error=exhausted_text(structured.failures))
+        demand = UserMessage(content=ENFORCEMENT_TEXT, is_meta=True)
+        await self._emit(run, demand)
+        run.transitions.append("stop_hook_blocking")  # the reference's built-in stop hook
+        return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, [demand])
+
+    @staticmethod
+    def _settle_answer(run: Run, turn: Turn) -> Terminal | None:
+        """After a tool batch: a valid `StructuredOutput` call ends the query; too many failed ones too."""
+        structured = run.structured
+        assert structured is not None
+        uses = [b for m in turn.assistant_messages for b in m.content if b.get("type") == "tool_use"]
+        answer = structured.settle_batch(uses)
+        if answer is not None:
+            run.structured_output = answer_json(answer)
+            return COMPLETED
+        if attempts_exhausted(structured.failures, run.options.max_structured_output_retries):
+            return Terminal(reason="max_structured_output_retries", error=exhausted_text(structured.failures))
+        return None
 
     async def _hook_error(self, run: Run, message: SystemMessage) -> None:
         run.hook_errors.append(message.content)

@@ -223,6 +223,7 @@ class QueryLoopEnding(QueryLoopTurns):
             errors=errors,
             stop_details=terminal.stop_details,
             usage_by_agent=run.agent_usage if run.agent_usage is not None else {},
+            structured_output=run.structured_output,
         )
         run.ending = True
         if run.consumer_open:

@@ -57,6 +57,7 @@ from queryloop.runtime.loop.state import (
     initial_state,
     next_turn,
 )
+from queryloop.runtime.loop.structured_output import StructuredAnswer
 from queryloop.runtime.loop.transcript import (
     CompactBoundary,
     IncrementalNormalizer,
@@ -193,6 +194,10 @@ class QueryLoop(QueryLoopContext):
             agent_tool = subagents.tool_for(options)
             if agent_tool is not None:
                 tools = [*tools, agent_tool]
+        structured = None
+        if options.output_type is not None:
+            structured = StructuredAnswer(options.output_type)
+            tools = [*tools, structured.tool()]
         return Run(
             options=options,
             normalizer=self._normalizer,
@@ -212,6 +217,7 @@ class QueryLoop(QueryLoopContext):
             tools={t.name: t for t in tools},
             started=time.monotonic(),
             context=context_config(options),
+            structured=structured,
         )
 
     async def _query(self, message: RunQuery) -> None:
@@ -333,6 +339,10 @@ class QueryLoop(QueryLoopContext):
 
             if turn.prevent_continuation:
                 return Terminal(reason="hook_stopped"), state
+            if run.structured is not None:
+                answered = self._settle_answer(run, turn)
+                if answered is not None:
+                    return answered, state
             attachments = await self._attachments(run) if self._attachments_due(run) else []
             if max_turns_reached(state.turn_count, run.options.max_turns):
                 return await self._max_turns(run, state), state

@@ -26,6 +26,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import ContinueReason, Terminal
+from queryloop.runtime.loop.structured_output import StructuredAnswer
 from queryloop.runtime.loop.transcript import IncrementalNormalizer
 
 if TYPE_CHECKING:
@@ -105,6 +106,10 @@ class Run:
     memory_used: bool = False
     agent_usage: dict[str, AgentUsage] | None = None
     """What each subagent of this query spent, by agent id (`subagent.Subagents`); None: it started none."""
+    structured: StructuredAnswer | None = None
+    """The query's structured answer so far, when its options have an `output_type`."""
+    structured_output: dict[str, Any] | None = None
+    """The valid answer (its JSON form) that ended the query: the `result`'s `structured_output`."""
     hook_errors: list[str] = field(default_factory=list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own."""
     oversized_scan: OversizedResultScan = field(default_factory=OversizedResultScan)

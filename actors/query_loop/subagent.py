@@ -94,7 +94,8 @@ class AgentsHost:
 
 def child_options(parent: QueryOptions, definition: AgentDefinition) -> QueryOptions:
     """The child's options: the agent's prompt, tools, model and turns; no cap of its own (the parent
-    accounts its spend), no stop hooks, attachments or memory; the parent's `agents`, for deeper levels."""
+    accounts its spend), no stop hooks, structured output, attachments or memory; the parent's `agents`,
+    for deeper levels."""
     names = None if definition.tools is None else set(definition.tools)
     model = definition.model or parent.model
     return parent.model_copy(
@@ -109,6 +110,7 @@ def child_options(parent: QueryOptions, definition: AgentDefinition) -> QueryOpt
             "max_budget_usd": None,
             "provider": definition.provider or parent.provider,
             "stop_hooks": [],
+            "output_type": None,
             "attachment_sources": [],
             "memory_prefetch": None,
             "user_context": {},

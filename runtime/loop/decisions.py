@@ -80,6 +80,8 @@ def result_subtype(reason: TerminalReason) -> ResultSubtype:
         return "error_max_budget_usd"
     if reason in ("aborted_streaming", "aborted_tools"):
         return "error_during_execution"
+    if reason == "max_structured_output_retries":
+        return "error_max_structured_output_retries"
     return "success"
 
 
@@ -93,6 +95,7 @@ ERROR_TERMINALS: frozenset[str] = frozenset(
         "max_budget_usd",
         "aborted_streaming",
         "aborted_tools",
+        "max_structured_output_retries",
     }
 )
 

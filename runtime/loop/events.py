@@ -293,7 +293,13 @@ class AgentUsage(Model):
     total_cost_usd: float
 
 
-ResultSubtype = Literal["success", "error_max_turns", "error_max_budget_usd", "error_during_execution"]
+ResultSubtype = Literal[
+    "success",
+    "error_max_turns",
+    "error_max_budget_usd",
+    "error_during_execution",
+    "error_max_structured_output_retries",
+]
 
 
 @record
@@ -317,6 +323,8 @@ class ResultMessage(Event):
     Hook errors change neither `subtype` nor `is_error`: a `success` may carry them."""
     usage_by_agent: dict[str, AgentUsage] = dataclasses.field(default_factory=dict)
     """Per subagent (by agent id) of this query: what it spent. `usage` and `total_cost_usd` include it."""
+    structured_output: dict[str, Any] | None = None
+    """The query's answer as `QueryOptions.output_type` data (its JSON form), when one was given."""
 
 
 QueryEvent = Annotated[

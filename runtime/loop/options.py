@@ -18,6 +18,7 @@ from queryloop.runtime.loop.events import TranscriptMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, StopHook
 from queryloop.runtime.loop.model import ModelProvider
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
+from queryloop.runtime.loop.structured_output import DEFAULT_MAX_RETRIES, STRUCTURED_OUTPUT_TOOL
 from queryloop.runtime.loop.tools import CanUseTool, Tool
 
 DEFAULT_SYSTEM_PROMPT = [
@@ -125,6 +126,14 @@ class QueryOptions(BaseModel):
     event_buffer: int = Field(default=64, ge=1)
     """Events buffered between the loop and a slow consumer before the loop waits (backpressure)."""
 
+    # -- structured output (runtime/loop/structured_output.py) --
+    output_type: type[BaseModel] | None = None
+    """The final answer's pydantic model: the model answers through a `StructuredOutput` tool with its
+    schema, and `result.structured_output` holds the answer (its JSON form)."""
+    max_structured_output_retries: int = Field(default=DEFAULT_MAX_RETRIES, ge=1)
+    """Failed attempts at an answer (an invalid call, or a response that ends without one) before the
+    query ends `max_structured_output_retries`."""
+
     # -- subagents (runtime/loop/agents.py, docs/agents.md) --
     agents: dict[str, AgentDefinition] = Field(default_factory=dict)
     """Subagents the model may start with the `Agent` tool (added to the tools when this is not empty)."""
@@ -139,6 +148,9 @@ class QueryOptions(BaseModel):
         if len(set(names)) < len(names):
             duplicates = sorted({n for n in names if names.count(n) > 1})
             msg = f"tools: duplicate tool names {duplicates}"
+            raise ValueError(msg)
+        if self.output_type is not None and STRUCTURED_OUTPUT_TOOL in names:
+            msg = f"tools: {STRUCTURED_OUTPUT_TOOL!r} is the structured output tool's name; rename your tool"
             raise ValueError(msg)
         if self.agents:
             if AGENT_TOOL_NAME in names:

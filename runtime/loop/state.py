@@ -128,6 +128,7 @@ TerminalReason = Literal[
     "prompt_too_long",
     "model_error",
     "image_error",
+    "max_structured_output_retries",
 ]
 
 
