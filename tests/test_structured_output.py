@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pydantic
 import pytest
 
-from queryloop import Runtime
+from queryloop import ResultMessage, Runtime
 from queryloop.actors.query_loop.subagent import child_options
+from queryloop.aio import AsyncioRuntime
+from queryloop.runtime.host.aio_bridge import Mode
 from queryloop.runtime.loop.agents import AgentDefinition
 from queryloop.runtime.loop.events import SystemMessage
 from queryloop.runtime.loop.hooks import STOP_HOOK_BLOCK_CAP, HookDecision, StopHookInput
@@ -191,3 +194,19 @@ async def test_structured_output_is_still_demanded_when_the_stop_hook_block_cap_
         notices = [e for e in ran.events if isinstance(e, SystemMessage) and e.subtype == STOP_HOOK_BLOCK_CAP]
         assert len(notices) == 1 and result.errors == [notices[0].content]
         await assert_settled(ran)
+
+
+@pytest.mark.parametrize("mode", ["guest", "thread"])
+def test_structured_output_reaches_an_asyncio_host(mode: Mode) -> None:
+    async def main() -> ResultMessage:
+        async with AsyncioRuntime.open(mode=mode) as rt:
+            model = ScriptedModel([answer("s1", {"name": "Paris"}), answer("s2", PARIS)])
+            session = await rt.open_session(QueryOptions(provider=model, output_type=City))
+            query = session.query("Which city?")
+            async with query:
+                async for _ in query:
+                    pass
+            return await query.result()
+
+    result = asyncio.run(main())
+    assert result.subtype == "success" and result.structured_output == PARIS
