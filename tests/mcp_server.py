@@ -7,7 +7,8 @@ Its tools: `echo` (fast), `slow` (reports progress, then returns, or waits to be
 records a cancellation and whether `notifications/cancelled` asked for it), `cancellations` (waits
 for the next recorded cancellation and returns what was recorded), `meet` (read-only: waits for
 `count` callers of the same `group`, so only concurrent calls can succeed), `fail` (an `isError`
-result), `picture` (text and an image), `pid` (this process's id) and `die` (kills this process).
+result), `picture` (text and an image), `pid` (this process's id), `die` (kills this process) and, with
+`--grow`, `grow` (adds a tool and says the tools changed).
 """
 
 from __future__ import annotations
@@ -118,6 +119,20 @@ def die() -> str:
     return "unreachable"
 
 
+async def grow(name: str, ctx: Context) -> str:
+    """Add a tool `name` (it echoes its text, prefixed with its name), then say the tools changed."""
+
+    def added(text: str) -> str:
+        return f"{name}: {text}"
+
+    server.add_tool(added, name=name, description=f"Echo, as {name}.")
+    await ctx.notify_tools_changed()  # to `subscriptions/listen` (2026-07-28)
+    session = ctx.request_context.session
+    if hasattr(session, "send_tool_list_changed"):  # a 2025 client: a notification on its session
+        await session.send_tool_list_changed()
+    return f"added {name}"
+
+
 async def serve_http() -> None:
     import uvicorn
 
@@ -132,6 +147,9 @@ async def serve_http() -> None:
 
 
 if __name__ == "__main__":
+    if "--grow" in sys.argv:
+        server.add_tool(grow)
+        sys.argv.remove("--grow")
     if sys.argv[1:] == ["http"]:
         anyio.run(serve_http)
     else:

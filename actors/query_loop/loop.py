@@ -66,6 +66,7 @@ from queryloop.runtime.loop.transcript import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
     from types import TracebackType
 
@@ -75,7 +76,9 @@ if TYPE_CHECKING:
     from queryloop.actors.model_caller import ModelCaller
     from queryloop.actors.tool_executor import StreamingToolExecutor
     from queryloop.runtime.loop.model import ModelProvider
+    from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
+    from queryloop.runtime.loop.tools import Tool
 
 
 class QueryLoop(QueryLoopContext):
@@ -98,6 +101,7 @@ class QueryLoop(QueryLoopContext):
         agents_host: AgentsHost | None = None,
         depth: int = 0,
         sidechains: dict[str, Sidechain] | None = None,
+        mcp_tools: Callable[[str], list[Tool]] | None = None,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
@@ -117,6 +121,7 @@ class QueryLoop(QueryLoopContext):
         self.sidechains = dict(sidechains or {})
         self._agents_host = agents_host
         self._depth = depth
+        self.mcp_tools = mcp_tools
         self._subagents: Subagents | None = None
         """Made for the first query that has `agents` (a session without them never has one)."""
         self._run: Run | None = None
@@ -183,10 +188,19 @@ class QueryLoop(QueryLoopContext):
             self._context = (dict(user_context), made)
         return made
 
+    def _with_mcp_tools(self, options: QueryOptions) -> list[Tool]:
+        """The query's tools: its own, then its MCP servers' as listed now (which replace their namesakes)."""
+        if self.mcp_tools is None:
+            msg = "QueryOptions.mcp_servers needs a session of a runtime (Runtime.open_session)"
+            raise ValueError(msg)
+        live = [tool for name in options.mcp_servers for tool in self.mcp_tools(name)]
+        names = {tool.name for tool in live}
+        return [*(tool for tool in options.tools if tool.name not in names), *live]
+
     def _new_run(self, message: RunQuery) -> Run:
         # The config snapshot: taken once, used by every iteration of this query (seed 001).
         options = message.options
-        tools = options.tools
+        tools = options.tools if not options.mcp_servers else self._with_mcp_tools(options)
         if options.agents:
             subagents = self._subagents
             if subagents is None:

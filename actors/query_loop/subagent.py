@@ -103,6 +103,7 @@ def child_options(parent: QueryOptions, definition: AgentDefinition) -> QueryOpt
             "system_prompt": definition.prompt,
             "append_system_prompt": None,
             "tools": list(parent.tools) if names is None else [t for t in parent.tools if t.name in names],
+            "mcp_servers": parent.mcp_servers if names is None else [],
             "model": model,
             "fallback_model": parent.fallback_model if model == parent.model else None,
             "pricing": parent.pricing if model == parent.model else None,
@@ -222,6 +223,7 @@ class Subagents:
                 transcript=sidechain,
                 agents_host=self._host,
                 depth=self.depth + 1,
+                mcp_tools=self._parent.mcp_tools,
             )
             loop.tell(RunQuery(prompt=UserMessage(content=args.prompt), options=options, sink=events, control=control))
             result = await _relay(events, channel, tool_use_id)

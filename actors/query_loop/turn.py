@@ -52,6 +52,7 @@ from queryloop.runtime.loop.state import State
 from queryloop.runtime.loop.transcript import response_text, strip_signature_blocks
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from pykka import ActorRef
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from queryloop.actors.model_caller import ModelCaller
     from queryloop.actors.tool_executor import StreamingToolExecutor
     from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
+    from queryloop.runtime.loop.tools import Tool
 
 TURN_BUFFER = 256
 """Items a model call and its tools may queue before they wait for the loop (backpressure)."""
@@ -82,6 +84,8 @@ class QueryLoopTurns(TrioActor):
     transcript: TranscriptLog | None
     sidechains: dict[str, Sidechain]
     """The subagents' conversations, by agent id: restored on resume, and each one's as it ends."""
+    mcp_tools: Callable[[str], list[Tool]] | None
+    """The runtime's MCP servers' current tools, by server name (`QueryOptions.mcp_servers`)."""
     _run: Run | None
     _queued: RunQuery | None
 

@@ -153,6 +153,8 @@ class Runtime:
         if options.provider is None:
             msg = "QueryOptions.provider is required: a ScriptedModel offline, an AnthropicModel for the API"
             raise ValueError(msg)
+        for name in options.mcp_servers:
+            self._mcp_connection(name)  # an unknown name fails here, not at the first query
         loaded: LoadedTranscript | None = None
         if resume is not None:
             loaded = await trio.to_thread.run_sync(load_transcript, resume)
@@ -190,6 +192,7 @@ class Runtime:
             transcript=log,
             agents_host=self.agents,
             sidechains=loaded.sidechains if loaded is not None else None,
+            mcp_tools=self.mcp_tools,
         )
         session = Session(group, options, loop, log)
         self._sessions[session.id] = session
@@ -220,6 +223,21 @@ class Runtime:
         except BaseException:
             del self._mcp[name]
             raise
+
+    def mcp_tools(self, name: str) -> list[Tool]:
+        """The tools of the MCP server opened as `name`, as last listed (a new list after each change)."""
+        return self._mcp_connection(name).tools
+
+    async def mcp_tools_after(self, name: str, seen: list[Tool]) -> list[Tool]:
+        """The tools of the MCP server `name` once listed again after `seen` (at once if they were)."""
+        return await self._mcp_connection(name).tools_after(seen)
+
+    def _mcp_connection(self, name: str) -> McpConnection:
+        connection = self._mcp.get(name)
+        if connection is None:
+            msg = f"no MCP server named {name!r} is open in this runtime (open_mcp opens one)"
+            raise ValueError(msg)
+        return connection
 
     async def open_host_budget(self, max_budget_usd: float) -> ActorRef[BudgetGuard]:
         """One BudgetGuard above every session opened from now on: their spend, summed, is capped here.

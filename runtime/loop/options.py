@@ -82,6 +82,9 @@ class QueryOptions(BaseModel):
     thinking: dict[str, Any] | None = None
     pricing: Pricing | None = None
     tools: list[Tool] = Field(default_factory=list)
+    mcp_servers: list[str] = Field(default_factory=list)
+    """MCP servers of the runtime, by their `open_mcp` name, whose tools join each query as the server
+    lists them when the query starts (a server that says its tools changed is listed again)."""
     can_use_tool: CanUseTool | None = None
     stop_hooks: list[StopHook] = Field(default_factory=list)
     stop_hook_block_cap: int = Field(default=8, ge=0)

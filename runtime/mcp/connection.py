@@ -8,6 +8,11 @@ client (the SDK reaps the subprocess) and the next call connects again. A call i
 happens, a server that cannot be restarted, and a protocol error are error results, logged as
 warnings: never an exception out of the tool, never a crashed session.
 
+The tools' list is kept current: a server that says its tools changed (`notifications/tools/list_changed`
+before the 2026-07-28 protocol, a `subscriptions/listen` event from it on) is listed again, and so is a
+server the connection had to start again; `tools` is then the new list. The lists a host already took
+do not change: a session named in `QueryOptions.mcp_servers` takes `tools` afresh at each query.
+
 A call cancelled by an abort (its tool's cancel scope) is abandoned by the SDK, which first sends
 `notifications/cancelled` for it (shielded, bounded: on stdio and legacy HTTP; on a 2026-07-28 HTTP
 connection it aborts the request's POST instead, the wire's cancellation there); the connection
@@ -30,7 +35,9 @@ import httpx2
 import trio
 from loguru import logger
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, Implementation
 from mcp_types import Tool as McpTool
@@ -39,6 +46,8 @@ from queryloop.runtime.errors import McpServerUnavailable
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
 from queryloop.runtime.mcp.content import error_text, result_output, tool_name
 from queryloop.runtime.mcp.servers import McpServer, McpStdioServer
+
+TOOLS_CHANGED = "notifications/tools/list_changed"
 
 PROGRESS_BUFFER = 64
 """Progress notifications buffered for one call while its consumer is slow; more are dropped."""
@@ -67,6 +76,12 @@ class McpConnection:
         self._connecting = trio.Lock()
         self._closed = False
         self.tools: list[Tool] = []
+        """The server's tools as last listed (a new list at each change)."""
+        self.listings = 0
+        """How many times the tools were listed: 1 after `open`, one more per change or restart."""
+        self._listed_on: _Link | None = None
+        self._listed = trio.Event()
+        self._legacy_changed = trio.Event()
         self.log = logger.bind(mcp_server=name)
 
     async def open(self) -> list[Tool]:
@@ -74,19 +89,11 @@ class McpConnection:
         try:
             with trio.fail_after(self.server.connect_timeout_s):
                 link = await self._connected()
-                listed: list[McpTool] = []
-                cursor: str | None = None
-                for _ in range(LIST_PAGES):
-                    page = await link.client.list_tools(cursor=cursor)
-                    listed += page.tools
-                    cursor = page.next_cursor
-                    if cursor is None:
-                        break
+                await self._list(link)
         except Exception as error:
             self.close()
             msg = f"MCP server {self.name!r} ({self._describe_server()}): {describe(error)}"
             raise McpServerUnavailable(msg) from error
-        self.tools = [self._tool(item) for item in listed]
         self.log.info("MCP server {} open with {} tools", self.name, len(self.tools))
         return self.tools
 
@@ -122,6 +129,76 @@ class McpConnection:
             raise ToolError(error_text(outcome))
         return result_output(outcome)
 
+    # -- the tools' list ------------------------------------------------------------------
+
+    async def _list(self, link: _Link) -> None:
+        """List the server's tools (every page) into `tools`: a new list object."""
+        listed: list[McpTool] = []
+        cursor: str | None = None
+        for _ in range(LIST_PAGES):
+            page = await link.client.list_tools(cursor=cursor)
+            listed += page.tools
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        self.tools = [self._tool(item) for item in listed]
+        self.listings += 1
+        self._listed_on = link
+        self._listed.set()
+        self._listed = trio.Event()
+
+    async def tools_after(self, seen: list[Tool]) -> list[Tool]:
+        """The tools once listed again after `seen` (a `tools` list this connection gave): at once if they were."""
+        while self.tools is seen:
+            await self._listed.wait()
+        return self.tools
+
+    async def _relist(self, link: _Link, why: str) -> None:
+        before = {tool.name for tool in self.tools}
+        try:
+            with trio.fail_after(self.server.connect_timeout_s):
+                await self._list(link)
+        except Exception as error:  # noqa: BLE001 - the old list stays; the next change lists again
+            self.log.warning("MCP server {}: listing its tools again ({}) failed: {}", self.name, why, describe(error))
+            return
+        after = {tool.name for tool in self.tools}
+        self.log.info(
+            "MCP server {}: tools listed again ({}): {} tools, added {}, removed {}",
+            self.name,
+            why,
+            len(after),
+            sorted(after - before),
+            sorted(before - after),
+        )
+
+    async def _watch_tools(self, link: _Link) -> None:
+        """The connection's watcher: lists the tools again whenever the server says they changed."""
+        if self._listed_on is not None and self._listed_on is not link:
+            await self._relist(link, "the server was connected again")
+        try:
+            async with link.client.listen(tools_list_changed=True) as subscription:
+                if not subscription.honored.tools_list_changed:
+                    return  # the server does not announce changes
+                async for _ in subscription:
+                    await self._relist(link, "the server said they changed")
+        except ListenNotSupportedError:
+            await self._watch_notifications(link)  # a protocol before 2026-07-28
+        except (MCPError, SubscriptionLost, TimeoutError) as error:
+            self.log.info("MCP server {}: no tool-change subscription: {}", self.name, describe(error))
+
+    async def _watch_notifications(self, link: _Link) -> None:
+        """Before the 2026-07-28 protocol: the changes come as notifications, through `_on_message`."""
+        while True:
+            await self._legacy_changed.wait()
+            self._legacy_changed = trio.Event()
+            await self._relist(link, "the server said they changed")
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        """The SDK's handler of server notifications (its reader task): a change is noted, not listed here."""
+        if getattr(message, "method", None) == TOOLS_CHANGED:
+            self._legacy_changed.set()
+        await trio.lowlevel.checkpoint()
+
     # -- the connection's life --------------------------------------------------------------
 
     async def _usable(self) -> _Link:
@@ -156,10 +233,22 @@ class McpConnection:
         started = False
         try:
             with trio.CancelScope() as scope:
-                async with Client(self._transport(ended), cache=None, client_info=_CLIENT) as client:
-                    task_status.started(_Link(client, ended, scope))
+                async with (
+                    Client(
+                        self._transport(ended),
+                        cache=None,
+                        client_info=_CLIENT,
+                        message_handler=self._on_message,
+                        mode=self.server.protocol,
+                    ) as client,
+                    trio.open_nursery() as watcher,
+                ):
+                    link = _Link(client, ended, scope)
+                    task_status.started(link)
                     started = True
+                    watcher.start_soon(self._watch_tools, link)
                     await ended.wait()
+                    watcher.cancel_scope.cancel()
         except BaseException as error:
             failure = _failure(error)
             if not started or failure is None:

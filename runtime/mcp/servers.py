@@ -7,10 +7,15 @@ installed; `Runtime.open_mcp` needs it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 CONNECT_TIMEOUT_S = 30.0
+
+Protocol = Literal["auto", "legacy"]
+"""`auto`: the newest protocol both sides speak (2026-07-28's discovery, else the 2025 handshake);
+`legacy`: the 2025 `initialize` handshake even with a server that offers 2026-07-28."""
 
 
 class McpStdioServer(BaseModel):
@@ -28,6 +33,7 @@ class McpStdioServer(BaseModel):
     cwd: Path | None = None
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     """How long starting the server and its MCP handshake may take before it counts as failed."""
+    protocol: Protocol = "auto"
 
 
 class McpHttpServer(BaseModel):
@@ -43,6 +49,7 @@ class McpHttpServer(BaseModel):
     headers: dict[str, str] | None = None
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     """How long connecting and the MCP handshake may take before the server counts as unreachable."""
+    protocol: Protocol = "auto"
 
 
 McpServer = McpStdioServer | McpHttpServer
