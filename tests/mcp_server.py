@@ -8,11 +8,13 @@ records a cancellation and whether `notifications/cancelled` asked for it), `can
 for the next recorded cancellation and returns what was recorded), `meet` (read-only: waits for
 `count` callers of the same `group`, so only concurrent calls can succeed), `fail` (an `isError`
 result), `picture` (text and an image), `pid` (this process's id), `die` (kills this process) and, with
-`--grow`, `grow` (adds a tool and says the tools changed).
+`--grow`, `grow` (adds a tool and says the tools changed). Its resources: `notes://today` (text)
+and `pictures://pixel` (a PNG).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
@@ -26,6 +28,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ImageContent, TextContent, ToolAnnotations
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+"""A 1x1 PNG, base64."""
 WAIT_TIMEOUT_S = 10.0
 """How long `meet` and `cancellations` wait for what they expect before answering without it."""
 
@@ -102,8 +106,7 @@ def fail(reason: str) -> str:
 @server.tool(annotations=READ_ONLY)
 def picture() -> list[TextContent | ImageContent]:
     """A caption and a 1x1 PNG."""
-    pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-    return [TextContent(text="a pixel"), ImageContent(data=pixel, mime_type="image/png")]
+    return [TextContent(text="a pixel"), ImageContent(data=PIXEL, mime_type="image/png")]
 
 
 @server.tool(annotations=READ_ONLY)
@@ -117,6 +120,16 @@ def die() -> str:
     """Kill this server process at once, mid-call."""
     os.kill(os.getpid(), signal.SIGKILL)
     return "unreachable"
+
+
+@server.resource("notes://today", name="today", description="Today's notes", mime_type="text/plain")
+def today() -> str:
+    return "Buy milk. Ship the release."
+
+
+@server.resource("pictures://pixel", name="pixel", mime_type="image/png")
+def pixel_png() -> bytes:
+    return base64.b64decode(PIXEL)
 
 
 async def grow(name: str, ctx: Context) -> str:

@@ -101,7 +101,7 @@ class QueryLoop(QueryLoopContext):
         agents_host: AgentsHost | None = None,
         depth: int = 0,
         sidechains: dict[str, Sidechain] | None = None,
-        mcp_tools: Callable[[str], list[Tool]] | None = None,
+        mcp_tools: Callable[[list[str]], list[Tool]] | None = None,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
@@ -193,7 +193,7 @@ class QueryLoop(QueryLoopContext):
         if self.mcp_tools is None:
             msg = "QueryOptions.mcp_servers needs a session of a runtime (Runtime.open_session)"
             raise ValueError(msg)
-        live = [tool for name in options.mcp_servers for tool in self.mcp_tools(name)]
+        live = self.mcp_tools(options.mcp_servers)
         names = {tool.name for tool in live}
         return [*(tool for tool in options.tools if tool.name not in names), *live]
 

@@ -84,8 +84,8 @@ class QueryLoopTurns(TrioActor):
     transcript: TranscriptLog | None
     sidechains: dict[str, Sidechain]
     """The subagents' conversations, by agent id: restored on resume, and each one's as it ends."""
-    mcp_tools: Callable[[str], list[Tool]] | None
-    """The runtime's MCP servers' current tools, by server name (`QueryOptions.mcp_servers`)."""
+    mcp_tools: Callable[[list[str]], list[Tool]] | None
+    """The current tools of the runtime's MCP servers of these names (`QueryOptions.mcp_servers`)."""
     _run: Run | None
     _queued: RunQuery | None
 

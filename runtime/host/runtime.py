@@ -62,6 +62,7 @@ class Runtime:
         self.host_budget: ActorRef[BudgetGuard] | None = None
         """A host-wide BudgetGuard every new session reports its spend to (optional)."""
         self._mcp: dict[str, McpConnection] = {}
+        self._resource_tools: dict[tuple[str, ...], list[Tool]] = {}
 
     @classmethod
     @asynccontextmanager
@@ -192,7 +193,7 @@ class Runtime:
             transcript=log,
             agents_host=self.agents,
             sidechains=loaded.sidechains if loaded is not None else None,
-            mcp_tools=self.mcp_tools,
+            mcp_tools=self._session_mcp_tools,
         )
         session = Session(group, options, loop, log)
         self._sessions[session.id] = session
@@ -227,6 +228,20 @@ class Runtime:
     def mcp_tools(self, name: str) -> list[Tool]:
         """The tools of the MCP server opened as `name`, as last listed (a new list after each change)."""
         return self._mcp_connection(name).tools
+
+    def _session_mcp_tools(self, names: list[str]) -> list[Tool]:
+        """A query's tools from its `mcp_servers`: theirs as listed now, and the resource tools if one has any."""
+        connections = [self._mcp_connection(name) for name in names]
+        tools = [tool for connection in connections for tool in connection.tools]
+        with_resources = tuple(c.name for c in connections if c.has_resources)
+        if with_resources:
+            made = self._resource_tools.get(with_resources)
+            if made is None:  # made once per set of servers (a tool's schema costs ~300 µs)
+                from queryloop.runtime.mcp.resources import resource_tools
+
+                made = self._resource_tools[with_resources] = resource_tools(with_resources, self._mcp_connection)
+            tools += made
+        return tools
 
     async def mcp_tools_after(self, name: str, seen: list[Tool]) -> list[Tool]:
         """The tools of the MCP server `name` once listed again after `seen` (at once if they were)."""

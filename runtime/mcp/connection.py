@@ -44,7 +44,7 @@ from mcp_types import Tool as McpTool
 
 from queryloop.runtime.errors import McpServerUnavailable
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
-from queryloop.runtime.mcp.content import error_text, result_output, tool_name
+from queryloop.runtime.mcp.content import error_text, resource_output, result_output, tool_name
 from queryloop.runtime.mcp.servers import McpServer, McpStdioServer
 
 TOOLS_CHANGED = "notifications/tools/list_changed"
@@ -77,6 +77,8 @@ class McpConnection:
         self._closed = False
         self.tools: list[Tool] = []
         """The server's tools as last listed (a new list at each change)."""
+        self.has_resources = False
+        """Whether the server said, when the tools were last listed, that it has resources."""
         self.listings = 0
         """How many times the tools were listed: 1 after `open`, one more per change or restart."""
         self._listed_on: _Link | None = None
@@ -129,6 +131,40 @@ class McpConnection:
             raise ToolError(error_text(outcome))
         return result_output(outcome)
 
+    async def resources(self) -> list[dict[str, Any]]:
+        """The server's resources (every page), each as the model sees it: `uri`, `name`, `server`, and
+        `mimeType` and `description` when given; [] from a server without resources."""
+        link = await self._usable()
+        if link.client.server_capabilities.resources is None:
+            return []
+        found: list[dict[str, Any]] = []
+        cursor: str | None = None
+        try:
+            for _ in range(LIST_PAGES):
+                page = await link.client.list_resources(cursor=cursor)
+                for item in page.resources:
+                    entry = {"uri": str(item.uri), "name": item.name, "server": self.name}
+                    if item.mime_type:
+                        entry["mimeType"] = item.mime_type
+                    if item.description:
+                        entry["description"] = item.description
+                    found.append(entry)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+        except Exception as error:
+            raise self._failed(link, "resources/list", error) from error
+        return found
+
+    async def read(self, uri: str) -> ToolOutput:
+        """One resource's contents as tool output; a `ToolError` for what the server refuses or a failure."""
+        link = await self._usable()
+        try:
+            result = await link.client.read_resource(uri)
+        except Exception as error:
+            raise self._failed(link, "resources/read", error) from error
+        return resource_output(uri, list(result.contents))
+
     # -- the tools' list ------------------------------------------------------------------
 
     async def _list(self, link: _Link) -> None:
@@ -142,6 +178,7 @@ class McpConnection:
             if cursor is None:
                 break
         self.tools = [self._tool(item) for item in listed]
+        self.has_resources = link.client.server_capabilities.resources is not None
         self.listings += 1
         self._listed_on = link
         self._listed.set()

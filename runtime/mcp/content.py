@@ -76,6 +76,16 @@ def _blocks(item: ContentBlock) -> list[dict[str, Any]]:
     return [_left_out(f"{getattr(item, 'type', type(item).__name__)} content")]
 
 
+def resource_output(uri: str, contents: list[TextResourceContents | BlobResourceContents]) -> ToolOutput:
+    """A read resource's contents: texts as one string, an image as an image block, other binaries named."""
+    blocks = [block for item in contents for block in _blocks(EmbeddedResource(resource=item))]
+    if not blocks:
+        return f"[resource {uri}: empty]"
+    if all(block["type"] == "text" for block in blocks):
+        return "\n".join(block["text"] for block in blocks)
+    return blocks
+
+
 def _image(mime: str, data: str) -> dict[str, Any]:
     if mime not in IMAGE_TYPES:
         return _left_out(f"{mime} image")

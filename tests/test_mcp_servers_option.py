@@ -1,11 +1,13 @@
-"""An MCP server whose tools change (`tests/mcp_server.py --grow`, a real subprocess): listed again, and
-`QueryOptions.mcp_servers` gives each query the list as it is then.
+"""`QueryOptions.mcp_servers` against the real MCP server subprocess (`tests/mcp_server.py`): each query
+takes the server's tools as listed then (a server whose tools change, `--grow`, is listed again), and
+the server's resources through `ListMcpResourcesTool` and `ReadMcpResourceTool`.
 
-No sleeps: `Runtime.mcp_tools_after` waits (bounded) for the listing that follows the change.
+No sleeps: `Runtime.mcp_tools_after` waits (bounded) for the listing that follows a change.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import trio
 
 from queryloop import McpStdioServer, QueryOptions, Runtime, ScriptedModel
+from queryloop.runtime.mcp.resources import LIST_TOOL, READ_TOOL
 from queryloop.runtime.mcp.servers import Protocol
 from tests.helpers import Ran, assert_settled, consume, text_reply, tool_use, tools_reply
 
@@ -78,3 +81,49 @@ async def test_mcp_servers_naming_an_unknown_server_is_refused_when_the_session_
             await runtime.open_session(QueryOptions(provider=ScriptedModel([]), mcp_servers=["nope"]))
         with pytest.raises(ValueError, match="no MCP server named 'nope'"):
             runtime.mcp_tools("nope")
+
+
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+async def test_mcp_resources_are_listed_and_read_through_claude_codes_two_tools() -> None:
+    async with Runtime.open() as runtime:
+        await runtime.open_mcp("fx", growing("auto"))
+        model = ScriptedModel(
+            [
+                tools_reply(
+                    tool_use("l1", LIST_TOOL),
+                    tool_use("r1", READ_TOOL, {"server": "fx", "uri": "notes://today"}),
+                    tool_use("r2", READ_TOOL, {"server": "fx", "uri": "pictures://pixel"}),
+                    tool_use("r3", READ_TOOL, {"server": "fx", "uri": "notes://nowhere"}),
+                    tool_use("r4", READ_TOOL, {"server": "elsewhere", "uri": "notes://today"}),
+                ),
+                text_reply("Read."),
+            ]
+        )
+        session = await runtime.open_session(QueryOptions(provider=model, mcp_servers=["fx"]))
+        ran = await query(session, model)
+        offered = {t["name"] for t in model.requests[0].tools}
+        assert {LIST_TOOL, READ_TOOL} <= offered
+        results = ran.tool_results()
+        listed = json.loads(results["l1"]["content"])
+        assert {"uri": "notes://today", "name": "today", "server": "fx", "mimeType": "text/plain"}.items() <= (
+            next(r for r in listed if r["uri"] == "notes://today").items()
+        )
+        assert {r["uri"] for r in listed} == {"notes://today", "pictures://pixel"}
+        assert results["r1"]["content"] == "[resource notes://today]\nBuy milk. Ship the release."
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PIXEL}}
+        assert results["r2"]["content"] == [image] and results["r2"]["is_error"] is False
+        assert results["r3"]["is_error"] is True and "notes://nowhere" in str(results["r3"]["content"])
+        assert results["r4"]["is_error"] is True and "no MCP server named 'elsewhere'" in str(results["r4"]["content"])
+
+
+async def test_a_session_without_mcp_servers_is_not_offered_the_resource_tools() -> None:
+    async with Runtime.open() as runtime:
+        tools = await runtime.open_mcp("fx", growing("auto"))
+        model = ScriptedModel([text_reply("Nothing to read.")])
+        session = await runtime.open_session(QueryOptions(provider=model, tools=tools))
+        await query(session, model)
+        offered = {t["name"] for t in model.requests[0].tools}
+        assert not offered & {LIST_TOOL, READ_TOOL}
+        assert "mcp__fx__echo" in offered
