@@ -11,11 +11,13 @@ import trio.testing
 
 from queryloop import (
     AgentDefinition,
+    HookDecision,
     ProgressEvent,
     QueryEvent,
     QueryOptions,
     Runtime,
     Session,
+    StopHookInput,
     ToolContext,
     TrioActor,
     UserMessage,
@@ -398,3 +400,35 @@ def test_agent_definitions_are_checked_against_the_sessions_tools() -> None:
         QueryOptions(agents={"r": AgentDefinition(description="d", prompt="p", tools=["missing"])})
     with pytest.raises(ValueError, match="subagent tool's name"):
         QueryOptions(tools=[wait_forever.model_copy(update={"name": "Agent"})], agents={"r": REVIEWER})
+
+
+async def test_subagent_stop_hooks_run_as_the_childs_stop_hooks_with_its_agent_id_and_type() -> None:
+    provider = ByPrompt(
+        {
+            "Review": [fan_out("file a"), text_reply("Parent done.")],
+            "file a": [text_reply("a: looks fine"), text_reply("a: fine, tests pass")],
+        }
+    )
+    seen: list[tuple[str | None, str | None, bool]] = []
+
+    async def subagent_stop(hook: StopHookInput) -> HookDecision | None:
+        seen.append((hook.agent_id, hook.agent_type, hook.stop_hook_active))
+        return None if hook.stop_hook_active else HookDecision(blocking_error="run the tests first")
+
+    async def own_stop(hook: StopHookInput) -> HookDecision | None:
+        seen.append((hook.agent_id, hook.agent_type, hook.stop_hook_active))
+        return None
+
+    async with Runtime.open() as runtime:
+        options = QueryOptions(
+            provider=provider, agents={"reviewer": REVIEWER}, stop_hooks=[own_stop], subagent_stop_hooks=[subagent_stop]
+        )
+        session = await runtime.open_session(options)
+        events = [event async for event in session.query("Review")]
+        await assert_nothing_left(session)
+
+    child_id = f"{session.id}/call_a"
+    # The child was sent back once, then let go; the parent's own hook ran for the parent only.
+    assert seen == [(child_id, "reviewer", False), (child_id, "reviewer", True), (None, None, False)]
+    assert results_of(events)["call_a"]["content"] == "a: fine, tests pass"
+    assert len(provider.requests_of("file a")) == 2

@@ -303,9 +303,12 @@ class QueryLoopContext(QueryLoopEnding):
         hooks = run.options.stop_hooks
         if not hooks:
             return None, []
+        agent_id, agent_type = self.agent or (None, None)
         hook_input = StopHookInput(
             messages=[*messages_for_query, *turn.assistant_messages],
             stop_hook_active=state.stop_hook_active,
+            agent_id=agent_id,
+            agent_type=agent_type,
             consecutive_blocks=state.stop_hook_blocks,
         )
         prevent: str | None = None

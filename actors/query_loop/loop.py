@@ -102,6 +102,7 @@ class QueryLoop(QueryLoopContext):
         depth: int = 0,
         sidechains: dict[str, Sidechain] | None = None,
         mcp_tools: Callable[[list[str]], list[Tool]] | None = None,
+        agent: tuple[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
@@ -122,6 +123,7 @@ class QueryLoop(QueryLoopContext):
         self._agents_host = agents_host
         self._depth = depth
         self.mcp_tools = mcp_tools
+        self.agent = agent
         self._subagents: Subagents | None = None
         """Made for the first query that has `agents` (a session without them never has one)."""
         self._run: Run | None = None

@@ -94,8 +94,8 @@ class AgentsHost:
 
 def child_options(parent: QueryOptions, definition: AgentDefinition) -> QueryOptions:
     """The child's options: the agent's prompt, tools, model and turns; no cap of its own (the parent
-    accounts its spend), no stop hooks, structured output, attachments or memory; the parent's `agents`,
-    for deeper levels."""
+    accounts its spend), the parent's `subagent_stop_hooks` as its stop hooks, no structured output,
+    attachments or memory; the parent's `agents`, for deeper levels."""
     names = None if definition.tools is None else set(definition.tools)
     model = definition.model or parent.model
     return parent.model_copy(
@@ -110,7 +110,7 @@ def child_options(parent: QueryOptions, definition: AgentDefinition) -> QueryOpt
             "max_turns": definition.max_turns,
             "max_budget_usd": None,
             "provider": definition.provider or parent.provider,
-            "stop_hooks": [],
+            "stop_hooks": parent.subagent_stop_hooks,
             "output_type": None,
             "attachment_sources": [],
             "memory_prefetch": None,
@@ -224,6 +224,7 @@ class Subagents:
                 agents_host=self._host,
                 depth=self.depth + 1,
                 mcp_tools=self._parent.mcp_tools,
+                agent=(agent_id, args.subagent_type),
             )
             loop.tell(RunQuery(prompt=UserMessage(content=args.prompt), options=options, sink=events, control=control))
             result = await _relay(events, channel, tool_use_id)

@@ -86,6 +86,8 @@ class QueryLoopTurns(TrioActor):
     """The subagents' conversations, by agent id: restored on resume, and each one's as it ends."""
     mcp_tools: Callable[[list[str]], list[Tool]] | None
     """The current tools of the runtime's MCP servers of these names (`QueryOptions.mcp_servers`)."""
+    agent: tuple[str, str] | None
+    """A subagent's loop: its agent id and type (for its stop hooks); None for a session's own."""
     _run: Run | None
     _queued: RunQuery | None
 

@@ -33,6 +33,10 @@ class StopHookInput(BaseModel):
     messages: list[TranscriptMessage]
     stop_hook_active: bool
     """True when a stop hook already blocked in this query: check it to avoid re-blocking forever."""
+    agent_id: str | None = None
+    """The subagent whose stop this is (a `subagent_stop_hooks` hook); None for the session's own query."""
+    agent_type: str | None = None
+    """That subagent's type (its name in `QueryOptions.agents`)."""
     consecutive_blocks: int = 0
     """How many times in a row the stop hooks have blocked (0 on a first stop, or after a turn that ran
     tools). Once it reaches `QueryOptions.stop_hook_block_cap`, a block is overridden."""

@@ -87,6 +87,9 @@ class QueryOptions(BaseModel):
     lists them when the query starts (a server that says its tools changed is listed again)."""
     can_use_tool: CanUseTool | None = None
     stop_hooks: list[StopHook] = Field(default_factory=list)
+    subagent_stop_hooks: list[StopHook] = Field(default_factory=list)
+    """Claude Code's SubagentStop hooks: the stop hooks of every subagent's query (`StopHookInput.agent_id`
+    and `agent_type` say which); a block sends the subagent back to work, a `prevent` ends it."""
     stop_hook_block_cap: int = Field(default=8, ge=0)
     """Stop-hook blocks in a row that are honoured; the next block is overridden and the query ends
     `completed`, with a `system` event `stop_hook_block_cap` and the warning in `result.errors`.
