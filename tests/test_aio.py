@@ -14,6 +14,7 @@ import sniffio
 import trio
 
 from queryloop import (
+    AgentDefinition,
     Allow,
     Deny,
     HookDecision,
@@ -31,6 +32,7 @@ from queryloop import (
 from queryloop.aio import AsyncioQuery, AsyncioRuntime, AsyncioSession, RuntimeClosed
 from queryloop.runtime.host.aio_bridge import Mode
 from queryloop.runtime.loop.tools import Tool, ToolOutput
+from tests.agent_helpers import ByPrompt, agent_call
 from tests.helpers import text_reply, tool_use, tools_reply
 
 MODES: list[Mode] = ["guest", "thread"]
@@ -402,6 +404,37 @@ def test_the_hosts_permission_prompt_and_hooks_run_on_its_asyncio_loop(mode: Mod
         assert all(library == "asyncio" and on_loop for _, library, on_loop in ran), ran
         errors = [e for e in events if isinstance(e, SystemMessage) and e.subtype == "hook_error"]
         assert [e.data["hook_name"] for e in errors] == [broken_check.__qualname__]
+
+    run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_subagent_stop_hook_runs_on_the_hosts_asyncio_loop(mode: Mode) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ran: list[tuple[str | None, str, bool]] = []
+
+        async def subagent_stop(hook: StopHookInput) -> HookDecision | None:
+            ran.append((hook.agent_type, sniffio.current_async_library(), asyncio.get_running_loop() is loop))
+            return None
+
+        provider = ByPrompt(
+            {
+                "Review": [tools_reply(agent_call("c1", "reviewer", "file a")), text_reply("done")],
+                "file a": [text_reply("a: fine")],
+            }
+        )
+        reviewer = AgentDefinition(description="Reviews one file", prompt="You review code.")
+        options = QueryOptions(provider=provider, agents={"reviewer": reviewer}, subagent_stop_hooks=[subagent_stop])
+        async with AsyncioRuntime.open(mode=mode) as rt:
+            session = await rt.open_session(options)
+            query = session.query("Review")
+            async with query:
+                async for _ in query:
+                    pass
+            result = await query.result()
+        assert result.subtype == "success" and result.result == "done"
+        assert ran == [("reviewer", "asyncio", True)]
 
     run(main)
 

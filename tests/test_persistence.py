@@ -13,6 +13,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from queryloop import Runtime
@@ -166,6 +167,51 @@ async def test_resuming_into_another_file_writes_the_whole_history_there(tmp_pat
         assert load_transcript(fork).session_id == session.id
         await session.close()
     assert path.read_bytes() == original
+
+
+async def test_fork_goes_on_as_a_new_session_in_another_file_and_leaves_the_original_as_it_was(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.jsonl"
+    async with Runtime.open() as runtime:
+        session, _, _ = await two_tool_turns(runtime, path)
+        before, first_id = await session.transcript(), session.id
+        await session.close()
+    original = path.read_bytes()
+    async with Runtime.open() as runtime:
+        # Two forks of one conversation at once: each its own session (a resume would refuse the second).
+        forks = []
+        for name in ("a", "b"):
+            model = ScriptedModel([text_reply(f"Fork {name}.")])
+            forked = await runtime.open_session(
+                QueryOptions(provider=model), resume=path, transcript=tmp_path / f"{name}.jsonl", fork=True
+            )
+            assert forked.id != first_id
+            assert await forked.transcript() == before
+            forks.append((name, forked, model))
+        for name, forked, model in forks:
+            ran = await consume(forked, forked.query(f"Go on, {name}"), model)
+            await assert_settled(ran)
+            loaded = load_transcript(tmp_path / f"{name}.jsonl")
+            assert loaded.session_id == forked.id and loaded.problems == []
+            assert loaded.messages == await forked.transcript()
+            assert loaded.messages[: len(before)] == before
+            await forked.close()
+    assert path.read_bytes() == original
+
+
+async def test_fork_needs_a_resumed_transcript_and_another_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    options = QueryOptions(provider=ScriptedModel([]))
+    async with Runtime.open() as runtime:
+        for kwargs in (
+            {"transcript": path},
+            {"resume": path},
+            {"resume": path, "transcript": tmp_path / "." / "t.jsonl"},
+        ):
+            with pytest.raises(ValueError, match="fork=True forks a resumed transcript into another file"):
+                await runtime.open_session(options, fork=True, **kwargs)
+        assert runtime.groups == {}
 
 
 async def test_tombstoned_messages_stay_retracted_after_resume(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ _HOSTED_FIELDS = (
     "tools",
     "can_use_tool",
     "stop_hooks",
+    "subagent_stop_hooks",
     "post_tool_use_hooks",
     "memory_prefetch",
     "attachment_sources",
@@ -135,9 +136,10 @@ class AsyncioRuntime:
         *,
         transcript: Path | None = None,
         resume: Path | None = None,
+        fork: bool = False,
         **fields: Any,
     ) -> AsyncioSession:
-        """As `Runtime.open_session`: a `QueryOptions` (or its fields), `transcript`, `resume`."""
+        """As `Runtime.open_session`: a `QueryOptions` (or its fields), `transcript`, `resume`, `fork`."""
         options = options or QueryOptions(**fields)
         hosted = self._hosted_options(options)
         runtime = self._bridge.runtime
@@ -148,7 +150,7 @@ class AsyncioRuntime:
             await session.close()
 
         session = await self._bridge.acall(
-            lambda: runtime.open_session(hosted, transcript=transcript, resume=resume),
+            lambda: runtime.open_session(hosted, transcript=transcript, resume=resume, fork=fork),
             orphan=lambda s: self._bridge.nursery.start_soon(close_orphan, s) if self._bridge.nursery else None,
         )
         return AsyncioSession(self, session, options)
@@ -165,7 +167,8 @@ class AsyncioRuntime:
 
     def _hosted_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The options' fields whose code the host wrote for asyncio, each run on this loop through a stand-in:
-        async tools, `can_use_tool`, stop and PostToolUse hooks, `memory_prefetch` and attachment sources.
+        async tools, `can_use_tool`, stop (and SubagentStop) and PostToolUse hooks, `memory_prefetch` and
+        attachment sources.
         A value that is not what `QueryOptions` takes is left as it is (its validation reports it); a list
         none of whose items needs a stand-in is kept as it is (the options then need no copy)."""
         hosted: dict[str, Any] = {}

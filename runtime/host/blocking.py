@@ -106,12 +106,19 @@ class BlockingRuntime:
         return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
     def open_session(
-        self, options: QueryOptions, *, transcript: Path | None = None, resume: Path | None = None
+        self,
+        options: QueryOptions,
+        *,
+        transcript: Path | None = None,
+        resume: Path | None = None,
+        fork: bool = False,
     ) -> BlockingSession:
-        """As `Runtime.open_session` (durable transcript and resume included)."""
+        """As `Runtime.open_session` (durable transcript, resume and fork included)."""
         assert self._runtime is not None
         runtime = self._runtime
-        session: Session = self.call(lambda: runtime.open_session(options, transcript=transcript, resume=resume))
+        session: Session = self.call(
+            lambda: runtime.open_session(options, transcript=transcript, resume=resume, fork=fork)
+        )
         return BlockingSession(self, session)
 
     def open_mcp(self, name: str, server: McpServer) -> list[Tool]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
@@ -142,6 +143,7 @@ class Runtime:
         *,
         transcript: Path | None = None,
         resume: Path | None = None,
+        fork: bool = False,
         **fields: Any,
     ) -> Session:
         """Start a session's actor group; `options` (or the fields of one) configure its queries.
@@ -149,6 +151,8 @@ class Runtime:
         `transcript`: append the conversation to that JSONL file (new or existing).
         `resume`: restore the conversation of that file (repaired if a crash cut it) and its
         session id, and go on appending to it unless `transcript` names another file.
+        `fork` (with `resume` and a `transcript` of another file): the restored conversation goes on
+        as a new session, with an id of its own, in that file; the resumed one is left as it was.
         """
         options = options or QueryOptions(**fields)
         if options.provider is None:
@@ -156,6 +160,9 @@ class Runtime:
             raise ValueError(msg)
         for name in options.mcp_servers:
             self._mcp_connection(name)  # an unknown name fails here, not at the first query
+        if fork and (resume is None or transcript is None or _same_path(transcript, resume)):
+            msg = "fork=True forks a resumed transcript into another file: give resume= and another transcript="
+            raise ValueError(msg)
         loaded: LoadedTranscript | None = None
         if resume is not None:
             loaded = await trio.to_thread.run_sync(load_transcript, resume)
@@ -163,7 +170,7 @@ class Runtime:
                 logger.bind(session=loaded.session_id).warning("resuming {}: {}", resume, problem)
             transcript = resume if transcript is None else transcript
         # The group first: a session id already open fails here, before anything is written.
-        group = await self.start_group(loaded.session_id if loaded is not None else None)
+        group = await self.start_group(loaded.session_id if loaded is not None and not fork else None)
         log = None
         if transcript is not None:
             try:
@@ -276,3 +283,8 @@ class Runtime:
     def _forget(self, supervisor: Supervisor) -> None:
         self._groups.pop(supervisor.session_id, None)
         self._sessions.pop(supervisor.session_id, None)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    """Whether two paths name one file, by their absolute spelling (no filesystem access)."""
+    return os.path.abspath(a) == os.path.abspath(b)
