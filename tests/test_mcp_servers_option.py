@@ -7,6 +7,7 @@ No sleeps: `Runtime.mcp_tools_after` waits (bounded) for the listing that follow
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 import trio
 
-from queryloop import McpStdioServer, QueryOptions, Runtime, ScriptedModel
+from queryloop import McpStdioServer, QueryOptions, Runtime, ScriptedModel, UserMessage
+from queryloop.aio import AsyncioRuntime
+from queryloop.runtime.host.aio_bridge import Mode
 from queryloop.runtime.mcp.resources import LIST_TOOL, READ_TOOL
 from queryloop.runtime.mcp.servers import Protocol
 from tests.helpers import Ran, assert_settled, consume, text_reply, tool_use, tools_reply
@@ -127,3 +130,30 @@ async def test_a_session_without_mcp_servers_is_not_offered_the_resource_tools()
         offered = {t["name"] for t in model.requests[0].tools}
         assert not offered & {LIST_TOOL, READ_TOOL}
         assert "mcp__fx__echo" in offered
+
+
+@pytest.mark.parametrize("mode", ["guest", "thread"])
+def test_an_asyncio_host_opens_an_mcp_server_and_follows_its_tools(mode: Mode) -> None:
+    async def main() -> None:
+        async with AsyncioRuntime.open(mode=mode) as rt:
+            first = await rt.open_mcp("fx", growing("auto"))
+            model = ScriptedModel(
+                [
+                    tools_reply(tool_use("g1", "mcp__fx__grow", {"name": "shout"})),
+                    text_reply("Grown."),
+                    tools_reply(tool_use("s1", "mcp__fx__shout", {"text": "hi"})),
+                    text_reply("Shouted."),
+                ]
+            )
+            session = await rt.open_session(QueryOptions(provider=model, mcp_servers=["fx"]))
+            assert (await session.query("Grow").result()).result == "Grown."
+            async with asyncio.timeout(WAIT_S):
+                now = await rt.mcp_tools_after("fx", first)
+            assert "mcp__fx__shout" in {t.name for t in now} and rt.mcp_tools("fx") is now
+            query = session.query("Shout")
+            async with query:
+                events = [event async for event in query]
+            results = [b for e in events if isinstance(e, UserMessage) for b in e.content if isinstance(b, dict)]
+            assert {"type": "tool_result", "tool_use_id": "s1", "content": "shout: hi", "is_error": False} in results
+
+    asyncio.run(main())

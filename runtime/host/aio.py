@@ -48,10 +48,12 @@ if TYPE_CHECKING:
     from pathlib import Path
     from types import TracebackType
 
+    from queryloop.runtime.host.runtime import Runtime
     from queryloop.runtime.host.session import Session
     from queryloop.runtime.kernel.messages import AbortAck, AbortReason
     from queryloop.runtime.loop.events import Block, QueryEvent, TranscriptMessage
     from queryloop.runtime.loop.state import ContinueReason, Terminal
+    from queryloop.runtime.mcp.servers import McpServer
 
 
 _HOSTED_FIELDS = (
@@ -125,6 +127,26 @@ class AsyncioRuntime:
     def host_tasks(self) -> int:
         """Asyncio tasks of tools running now."""
         return len(self._bridge.host_tasks)
+
+    async def open_mcp(self, name: str, server: McpServer) -> list[Tool]:
+        """As `Runtime.open_mcp`: the server's one client lives in the trio run, for every session."""
+        runtime = self._running()
+        return await self._bridge.acall(lambda: runtime.open_mcp(name, server))
+
+    def mcp_tools(self, name: str) -> list[Tool]:
+        """As `Runtime.mcp_tools`: the server's tools as last listed."""
+        return self._running().mcp_tools(name)
+
+    async def mcp_tools_after(self, name: str, seen: list[Tool]) -> list[Tool]:
+        """As `Runtime.mcp_tools_after`: the server's tools once listed again after `seen`."""
+        runtime = self._running()
+        return await self._bridge.acall(lambda: runtime.mcp_tools_after(name, seen))
+
+    def _running(self) -> Runtime:
+        runtime = self._bridge.runtime
+        if runtime is None or self._bridge.closing:
+            raise RuntimeClosed("the asyncio runtime is not running")
+        return runtime
 
     def hops(self) -> dict[str, int]:
         """Hops between the loops so far, and the calls they carried (for benchmarks and tests)."""

@@ -68,8 +68,8 @@ def stop_hook_block_cap_message(cap: int, errors: list[str]) -> SystemMessage:
     """
     times = "time" if cap == 1 else "times"
     text = (
-        f"Stop hooks blocked the turn from ending {cap} consecutive {times}; the next block was overridden "
-        "and the turn ended. A stop hook should let the turn end while `stop_hook_active` is True; "
+        f"Stop hooks blocked the turn from ending {cap} consecutive {times}; the next block was overridden. "
+        "A stop hook should let the turn end while `stop_hook_active` is True; "
         "QueryOptions.stop_hook_block_cap raises this limit (0: no limit)."
     )
     return SystemMessage(subtype=STOP_HOOK_BLOCK_CAP, content=text, data={"cap": cap, "blocking_errors": errors})
