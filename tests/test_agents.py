@@ -18,6 +18,7 @@ from queryloop import (
     Runtime,
     Session,
     StopHookInput,
+    SystemMessage,
     ToolContext,
     TrioActor,
     UserMessage,
@@ -432,3 +433,20 @@ async def test_subagent_stop_hooks_run_as_the_childs_stop_hooks_with_its_agent_i
     assert seen == [(child_id, "reviewer", False), (child_id, "reviewer", True), (None, None, False)]
     assert results_of(events)["call_a"]["content"] == "a: fine, tests pass"
     assert len(provider.requests_of("file a")) == 2
+
+
+async def test_a_subagent_stop_hook_that_raises_is_reported_as_a_subagentstop_hook_error() -> None:
+    provider = ByPrompt({"Review": [fan_out("file a"), text_reply("Parent done.")], "file a": [text_reply("a: fine")]})
+
+    async def broken(hook: StopHookInput) -> HookDecision | None:
+        raise ValueError("no linter here")
+
+    async with Runtime.open() as runtime:
+        options = QueryOptions(provider=provider, agents={"reviewer": REVIEWER}, subagent_stop_hooks=[broken])
+        session = await runtime.open_session(options)
+        events = [event async for event in session.query("Review")]
+        await assert_nothing_left(session)
+
+    errors = [e for e in events if isinstance(e, SystemMessage) and e.subtype == "hook_error"]
+    assert [(e.data["hook_event"], e.parent_tool_use_id) for e in errors] == [("SubagentStop", "call_a")]
+    assert results_of(events)["call_a"]["content"] == "a: fine"

@@ -31,6 +31,18 @@ def growing(protocol: Protocol) -> McpStdioServer:
     return McpStdioServer(command=[sys.executable, str(SERVER), "stdio", "--grow"], protocol=protocol)
 
 
+def grow_then_shout() -> ScriptedModel:
+    """Two queries: the first has the server grow a tool `shout`, the second calls it."""
+    return ScriptedModel(
+        [
+            tools_reply(tool_use("g1", "mcp__fx__grow", {"name": "shout"})),
+            text_reply("Grown."),
+            tools_reply(tool_use("s1", "mcp__fx__shout", {"text": "hi"})),
+            text_reply("Shouted."),
+        ]
+    )
+
+
 async def query(session: Any, model: ScriptedModel) -> Ran:
     with trio.fail_after(WAIT_S):
         ran = await consume(session, session.query("Go"), model)
@@ -43,14 +55,7 @@ async def test_mcp_tools_listed_again_when_the_server_says_they_changed(protocol
     async with Runtime.open() as runtime:
         first = await runtime.open_mcp("fx", growing(protocol))
         assert "mcp__fx__shout" not in {t.name for t in first}
-        model = ScriptedModel(
-            [
-                tools_reply(tool_use("g1", "mcp__fx__grow", {"name": "shout"})),
-                text_reply("Grown."),
-                tools_reply(tool_use("s1", "mcp__fx__shout", {"text": "hi"})),
-                text_reply("Shouted."),
-            ]
-        )
+        model = grow_then_shout()
         session = await runtime.open_session(QueryOptions(provider=model, mcp_servers=["fx"]))
         grown = await query(session, model)
         assert grown.tool_results()["g1"]["content"] == "added shout"
@@ -137,14 +142,7 @@ def test_an_asyncio_host_opens_an_mcp_server_and_follows_its_tools(mode: Mode) -
     async def main() -> None:
         async with AsyncioRuntime.open(mode=mode) as rt:
             first = await rt.open_mcp("fx", growing("auto"))
-            model = ScriptedModel(
-                [
-                    tools_reply(tool_use("g1", "mcp__fx__grow", {"name": "shout"})),
-                    text_reply("Grown."),
-                    tools_reply(tool_use("s1", "mcp__fx__shout", {"text": "hi"})),
-                    text_reply("Shouted."),
-                ]
-            )
+            model = grow_then_shout()
             session = await rt.open_session(QueryOptions(provider=model, mcp_servers=["fx"]))
             assert (await session.query("Grow").result()).result == "Grown."
             async with asyncio.timeout(WAIT_S):

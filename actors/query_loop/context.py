@@ -34,6 +34,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.hooks import (
     STOP_HOOK_FEEDBACK,
+    HookEvent,
     StopHookInput,
     hook_error_message,
     stop_hook_block_cap_message,
@@ -319,7 +320,8 @@ class QueryLoopContext(QueryLoopEnding):
                     decision = await hook(hook_input)
                 except Exception as error:
                     self.log.exception("stop hook failed")
-                    await self._hook_error(run, hook_error_message("Stop", hook, error))
+                    event: HookEvent = "Stop" if agent_id is None else "SubagentStop"
+                    await self._hook_error(run, hook_error_message(event, hook, error))
                     continue
                 if decision is None:
                     continue

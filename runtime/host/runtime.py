@@ -24,6 +24,7 @@ from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import LoadedTranscript, load_transcript, open_log
 from queryloop.runtime.loop.tools import Tool
+from queryloop.runtime.mcp.resources import resource_tools
 from queryloop.runtime.mcp.servers import McpServer
 
 if TYPE_CHECKING:
@@ -244,8 +245,6 @@ class Runtime:
         if with_resources:
             made = self._resource_tools.get(with_resources)
             if made is None:  # made once per set of servers (a tool's schema costs ~300 µs)
-                from queryloop.runtime.mcp.resources import resource_tools
-
                 made = self._resource_tools[with_resources] = resource_tools(with_resources, self._mcp_connection)
             tools += made
         return tools
