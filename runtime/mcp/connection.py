@@ -79,8 +79,6 @@ class McpConnection:
         """The server's tools as last listed (a new list at each change)."""
         self.has_resources = False
         """Whether the server said, when the tools were last listed, that it has resources."""
-        self.listings = 0
-        """How many times the tools were listed: 1 after `open`, one more per change or restart."""
         self._listed_on: _Link | None = None
         self._listed = trio.Event()
         self._legacy_changed = trio.Event()
@@ -179,7 +177,6 @@ class McpConnection:
                 break
         self.tools = [self._tool(item) for item in listed]
         self.has_resources = link.client.server_capabilities.resources is not None
-        self.listings += 1
         self._listed_on = link
         self._listed.set()
         self._listed = trio.Event()
