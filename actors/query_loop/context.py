@@ -341,8 +341,9 @@ class QueryLoopContext(QueryLoopEnding):
     ) -> State | Terminal:
         """A failed attempt at the structured answer: sent back with the demand, or the query's end."""
         structured.failures += 1
-        if attempts_exhausted(structured.failures, run.options.max_structured_output_retries):
-            return Terminal(reason="max_structured_output_retries", error=exhausted_text(structured.failures))
+        ended = _out_of_attempts(run, structured)
+        if ended is not None:
+            return ended
         demand = UserMessage(content=ENFORCEMENT_TEXT, is_meta=True)
         await self._emit(run, demand)
         run.transitions.append("stop_hook_blocking")  # the reference's built-in stop hook
@@ -358,9 +359,7 @@ class QueryLoopContext(QueryLoopEnding):
         if answer is not None:
             run.structured_output = answer_json(answer)
             return COMPLETED
-        if attempts_exhausted(structured.failures, run.options.max_structured_output_retries):
-            return Terminal(reason="max_structured_output_retries", error=exhausted_text(structured.failures))
-        return None
+        return _out_of_attempts(run, structured)
 
     async def _hook_error(self, run: Run, message: SystemMessage) -> None:
         run.hook_errors.append(message.content)
@@ -397,3 +396,10 @@ class QueryLoopContext(QueryLoopEnding):
             run.memory = await run.options.memory_prefetch(messages)
         except Exception:
             self.log.exception("memory prefetch failed")
+
+
+def _out_of_attempts(run: Run, structured: StructuredAnswer) -> Terminal | None:
+    """The query's end once its failed attempts at a structured answer reach the cap, else None."""
+    if attempts_exhausted(structured.failures, run.options.max_structured_output_retries):
+        return Terminal(reason="max_structured_output_retries", error=exhausted_text(structured.failures))
+    return None
