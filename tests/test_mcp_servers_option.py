@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from queryloop import McpStdioServer, QueryOptions, Runtime, ScriptedModel, UserMessage
+from queryloop import BlockingRuntime, McpStdioServer, QueryOptions, Runtime, ScriptedModel, UserMessage
 from queryloop.aio import AsyncioRuntime
 from queryloop.runtime.host.aio_bridge import Mode
 from queryloop.runtime.mcp.resources import LIST_TOOL, READ_TOOL
@@ -155,3 +155,17 @@ def test_an_asyncio_host_opens_an_mcp_server_and_follows_its_tools(mode: Mode) -
             assert {"type": "tool_result", "tool_use_id": "s1", "content": "shout: hi", "is_error": False} in results
 
     asyncio.run(main())
+
+
+def test_a_blocking_host_follows_an_mcp_servers_tools() -> None:
+    with BlockingRuntime() as rt:
+        first = rt.open_mcp("fx", growing("auto"))
+        model = grow_then_shout()
+        session = rt.open_session(QueryOptions(provider=model, mcp_servers=["fx"]))
+        assert session.query("Grow").wait().result == "Grown."
+        now = rt.mcp_tools_after("fx", first, timeout_s=WAIT_S)
+        assert {t.name for t in now} == {t.name for t in first} | {"mcp__fx__shout"}
+        assert rt.mcp_tools("fx") is now
+        assert session.query("Shout").wait().result == "Shouted."
+        with pytest.raises(TimeoutError, match="did not list its tools again"):
+            rt.mcp_tools_after("fx", now, timeout_s=0)  # nothing has changed since

@@ -22,8 +22,9 @@ A thin layer over the trio `Runtime`, `Session` and `QueryHandle`, through `aio_
 * Async tools run on the host's loop (`Tool.runs_on`: "asyncio", or None under this runtime) as
   asyncio tasks; an abort answers the tool at once on the trio side and cancels its task. So do the
   options' other host code: `can_use_tool`, stop and PostToolUse hooks, `memory_prefetch` and
-  attachment sources' `collect()` (a web host's permission prompt awaits its own asyncio objects).
-Imports `host.aio_bridge`, `host.aio_pipe`, `host.session`, `loop`.
+  attachment sources' `collect()` (a web host's permission prompt awaits its own asyncio objects), and
+  a model provider marked `runs_on = "asyncio"` (`host.aio_provider`).
+Imports `host.aio_bridge`, `host.aio_pipe`, `host.aio_provider`, `host.session`, `loop`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ from loguru import logger
 from queryloop.runtime.errors import QueryloopError, RuntimeClosed, SessionClosed
 from queryloop.runtime.host.aio_bridge import Bridge, HostAttachmentSource, Mode, host_callback, host_tool
 from queryloop.runtime.host.aio_pipe import Pipe
+from queryloop.runtime.host.aio_provider import HostModelProvider
+from queryloop.runtime.loop.agents import AgentDefinition
 from queryloop.runtime.loop.events import ResultMessage
+from queryloop.runtime.loop.model import runs_on_asyncio
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.tools import Tool
 
@@ -64,8 +68,13 @@ _HOSTED_FIELDS = (
     "post_tool_use_hooks",
     "memory_prefetch",
     "attachment_sources",
+    "provider",
+    "summary_provider",
+    "compact_provider",
+    "agents",
 )
-"""The options whose code the host writes: under this runtime it runs on the host's asyncio loop."""
+"""The options whose code the host writes: under this runtime it runs on the host's asyncio loop (a model
+provider only if it says it is written for asyncio: the built-in ones, and wrappers of them, are trio's)."""
 
 
 class AsyncioRuntime:
@@ -195,7 +204,10 @@ class AsyncioRuntime:
         none of whose items needs a stand-in is kept as it is (the options then need no copy)."""
         hosted: dict[str, Any] = {}
         for name, value in fields.items():
-            if isinstance(value, list):
+            if name == "agents" and isinstance(value, dict):
+                agents = {key: self._stand_in(name, agent) for key, agent in value.items()}
+                hosted[name] = value if all(agents[key] is agent for key, agent in value.items()) else agents
+            elif isinstance(value, list):
                 items = [self._stand_in(name, item) for item in value]
                 hosted[name] = value if all(a is b for a, b in zip(items, value, strict=True)) else items
             else:
@@ -210,6 +222,14 @@ class AsyncioRuntime:
             if not isinstance(original, Tool) or original.runs_in_thread or original.runs_on == "trio":
                 return original
             make = functools.partial(host_tool, self._bridge, original)
+        elif field in ("provider", "summary_provider", "compact_provider"):
+            if not runs_on_asyncio(original):
+                return original
+            make = functools.partial(HostModelProvider, self._bridge, original)
+        elif field == "agents":
+            if not isinstance(original, AgentDefinition) or not runs_on_asyncio(original.provider):
+                return original
+            make = functools.partial(self._hosted_agent, original)
         elif field == "attachment_sources":
             if not callable(getattr(original, "collect", None)):
                 return original
@@ -224,6 +244,9 @@ class AsyncioRuntime:
         hosted = make()
         self._stand_ins[id(original)] = (original, hosted)
         return hosted
+
+    def _hosted_agent(self, agent: AgentDefinition) -> AgentDefinition:
+        return agent.model_copy(update={"provider": self._stand_in("provider", agent.provider)})
 
 
 class AsyncioSession:

@@ -13,12 +13,8 @@ any number of threads, and whether or not the calling thread runs an event loop 
 own (a notebook, an asyncio server): nothing here touches the caller's loop. Calling it
 from the runtime's own trio thread would deadlock, and raises instead.
 
-From asyncio this is the way in for now (`Runtime.open()` needs a trio run and raises
-`NotInTrio` elsewhere). Each call blocks the calling thread until the runtime answers, so
-inside a coroutine it stalls that event loop for as long; to keep the loop serving, make the
-calls that wait (starting the runtime, opening a session, each `next(query)`) from a worker
-thread: `await asyncio.to_thread(rt.open_session, options)`, `await asyncio.to_thread(next,
-query, None)`.
+From asyncio, use `queryloop.aio.AsyncioRuntime` instead: each call here blocks the calling thread
+until the runtime answers, so inside a coroutine it stalls that event loop for as long.
 
 `BlockingRuntime(tune_gc=True)` opens its runtime with `Runtime.open(tune_gc=True)`: only
 for a host that owns its process (see `Runtime.open`).
@@ -26,6 +22,7 @@ for a host that owns its process (see `Runtime.open`).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -126,6 +123,28 @@ class BlockingRuntime:
         assert self._runtime is not None
         runtime = self._runtime
         tools: list[Tool] = self.call(runtime.open_mcp, name, server)
+        return tools
+
+    def mcp_tools(self, name: str) -> list[Tool]:
+        """As `Runtime.mcp_tools`: the server's tools as last listed."""
+        assert self._runtime is not None
+        return self.call_sync(self._runtime.mcp_tools, name)
+
+    def mcp_tools_after(self, name: str, seen: list[Tool], *, timeout_s: float | None = None) -> list[Tool]:
+        """As `Runtime.mcp_tools_after`: the server's tools once listed again after `seen`; `TimeoutError`
+        if that takes longer than `timeout_s` (None: wait as long as it takes)."""
+        assert self._runtime is not None
+        runtime = self._runtime
+
+        async def listed() -> list[Tool]:
+            with trio.fail_after(math.inf if timeout_s is None else timeout_s):
+                return await runtime.mcp_tools_after(name, seen)
+
+        try:
+            tools: list[Tool] = self.call(listed)
+        except trio.TooSlowError:
+            msg = f"the MCP server {name!r} did not list its tools again within {timeout_s} s"
+            raise TimeoutError(msg) from None
         return tools
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from queryloop.actors.query_loop.subagent import AgentsHost, AgentSlots
 from queryloop.actors.tool_executor import StreamingToolExecutor
 from queryloop.runtime.errors import NotInTrio
 from queryloop.runtime.host import _gc
-from queryloop.runtime.host.session import Session
+from queryloop.runtime.host.session import Session, refuse_asyncio_provider
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS
 from queryloop.runtime.loop.options import QueryOptions
@@ -159,6 +159,7 @@ class Runtime:
         if options.provider is None:
             msg = "QueryOptions.provider is required: a ScriptedModel offline, an AnthropicModel for the API"
             raise ValueError(msg)
+        refuse_asyncio_provider(options)
         for name in options.mcp_servers:
             self._mcp_connection(name)  # an unknown name fails here, not at the first query
         if fork and (resume is None or transcript is None or _same_path(transcript, resume)):

@@ -232,7 +232,10 @@ class Session:
             # A message submitted while a query runs interrupts it (seed 000: no interruption
             # message for `interrupt`); the new query runs as soon as the aborted one has ended.
             self.abort_nowait("interrupt")
-        options = QueryOptions.model_validate({**dict(self.options), **overrides}) if overrides else self.options
+        options = self.options
+        if overrides:
+            options = QueryOptions.model_validate({**dict(options), **overrides})
+            refuse_asyncio_provider(options)
         events: EventChannel[Any] = EventChannel(options.event_buffer)
         control = QueryControl()
         handle = QueryHandle(self, events, control, self._transcript)
@@ -282,3 +285,14 @@ class Session:
     def _crashed(self, failure: ActorCrashed) -> None:
         if self._current_events is not None:
             self._current_events.close()  # the handle ends and raises the failure
+
+
+def refuse_asyncio_provider(options: QueryOptions) -> None:
+    """A provider written for asyncio cannot stream in a trio task: say where it can."""
+    provider = options.asyncio_provider()
+    if provider is not None:
+        msg = (
+            f"{type(provider).__name__} is written for asyncio (runs_on='asyncio'): open the session "
+            "through queryloop.aio.AsyncioRuntime, which streams it on the host's loop"
+        )
+        raise ValueError(msg)

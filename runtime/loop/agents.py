@@ -25,11 +25,11 @@ The caps and their defaults (docs/agents.md says why):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
-from queryloop.runtime.loop.model import ModelProvider
+from queryloop.runtime.loop.model import ModelProvider, check_provider
 
 AGENT_TOOL_NAME = "Agent"
 """The subagent tool's name (Claude Code's current one; `Task` in its versions before 2.x)."""
@@ -37,13 +37,6 @@ AGENT_TOOL_NAME = "Agent"
 DEFAULT_MAX_AGENT_DEPTH = 1
 DEFAULT_MAX_CONCURRENT_AGENTS = 10
 DEFAULT_MAX_LIVE_AGENTS = 1000
-
-
-def _provider(value: Any) -> Any:
-    if value is not None and not callable(getattr(value, "stream", None)):
-        msg = f"a model provider has a `stream(request)` method; {type(value).__name__} has none"
-        raise ValueError(msg)
-    return value
 
 
 class AgentDefinition(BaseModel):
@@ -60,7 +53,7 @@ class AgentDefinition(BaseModel):
     model: str | None = None
     """The subagent's model id; None: the parent's."""
     max_turns: int | None = Field(default=None, ge=1)
-    provider: Annotated[ModelProvider | None, PlainValidator(_provider)] = None
+    provider: Annotated[ModelProvider | None, PlainValidator(check_provider)] = None
     """The subagent's model provider; None: the parent's."""
 
 

@@ -111,9 +111,33 @@ class FallbackTriggered(QueryloopError):
 
 @runtime_checkable
 class ModelProvider(Protocol):
-    """Streams one call. Cancelling the iteration must close the underlying stream."""
+    """Streams one call. Cancelling the iteration must close the underlying stream.
+
+    A provider written for asyncio (it awaits an aiohttp session, the host's own `AsyncAnthropic`
+    client, an `asyncio.Queue`) says so with an attribute `runs_on = "asyncio"`: under
+    `queryloop.aio.AsyncioRuntime` its calls then stream on the host's loop; the trio `Runtime`
+    refuses it. Without the attribute a provider runs on trio (the built-in ones, and wrappers of them).
+    """
 
     def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]: ...
+
+
+def check_provider(value: Any) -> Any:
+    """The options' validator of a provider: it has a `stream` method and a known `runs_on`, if any."""
+    # What `isinstance(value, ModelProvider)` checks, at a sixth of its cost (a runtime-checkable protocol
+    # walks its members on every check; a host opens a session per agent run).
+    if value is not None and not callable(getattr(value, "stream", None)):
+        msg = f"a model provider has a `stream(request)` method; {type(value).__name__} has none"
+        raise ValueError(msg)
+    if getattr(value, "runs_on", None) not in (None, "trio", "asyncio"):
+        msg = f"a model provider's `runs_on` is 'trio' or 'asyncio', not {value.runs_on!r}"
+        raise ValueError(msg)
+    return value
+
+
+def runs_on_asyncio(provider: object) -> bool:
+    """Whether `provider` is written for asyncio (`runs_on = "asyncio"`, see `ModelProvider`)."""
+    return getattr(provider, "runs_on", None) == "asyncio"
 
 
 # Not "exceed context limit": that 400 is `context_overflow`, fixed by a smaller `max_tokens` first.

@@ -16,7 +16,7 @@ from queryloop.runtime.loop.agents import (
 )
 from queryloop.runtime.loop.events import TranscriptMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, StopHook
-from queryloop.runtime.loop.model import ModelProvider
+from queryloop.runtime.loop.model import ModelProvider, check_provider, runs_on_asyncio
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
 from queryloop.runtime.loop.structured_output import DEFAULT_MAX_RETRIES, STRUCTURED_OUTPUT_TOOL
 from queryloop.runtime.loop.tools import CanUseTool, Tool
@@ -42,16 +42,7 @@ class AttachmentSource(Protocol):
 MemoryPrefetch = Callable[[list[TranscriptMessage]], Awaitable[str | None]]
 
 
-def _provider(value: Any) -> Any:
-    # What `isinstance(value, ModelProvider)` checks, at a sixth of its cost (a runtime-checkable protocol
-    # walks its members on every check; a host opens a session per agent run).
-    if value is not None and not callable(getattr(value, "stream", None)):
-        msg = f"a model provider has a `stream(request)` method; {type(value).__name__} has none"
-        raise ValueError(msg)
-    return value
-
-
-Provider = Annotated[ModelProvider | None, PlainValidator(_provider)]
+Provider = Annotated[ModelProvider | None, PlainValidator(check_provider)]
 
 
 class QueryOptions(BaseModel):
@@ -176,3 +167,12 @@ class QueryOptions(BaseModel):
         if self.fallback_model is not None and self.fallback_model != self.model:
             pricing_for(self.fallback_model)
         return self
+
+    def asyncio_provider(self) -> ModelProvider | None:
+        """The first of the providers (main, summary, compaction, the agents') written for asyncio, if any:
+        the trio `Runtime` refuses it, `AsyncioRuntime` streams it on the host's loop."""
+        agents = [agent.provider for agent in self.agents.values()]
+        for provider in (self.provider, self.summary_provider, self.compact_provider, *agents):
+            if provider is not None and runs_on_asyncio(provider):
+                return provider
+        return None
