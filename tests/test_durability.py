@@ -257,6 +257,17 @@ def test_a_released_result_joins_where_its_response_ended_and_a_retracted_one_ne
     assert load_transcript(path).messages == [*response, result, after]
 
 
+def test_a_closed_log_refuses_a_release_as_it_refuses_a_message(tmp_path: Path) -> None:
+    log = TranscriptLog(tmp_path / "t.jsonl", "s-1")
+    log.append(UserMessage(content="hello"))
+    log.close()
+    for late in (log.release, lambda: log.append(UserMessage(content="late"))):
+        with pytest.raises(ValueError, match="is closed"):
+            late()
+    log.write()  # nothing was buffered after the close: nothing to write, nothing raised
+    assert [m.model_dump()["content"] for m in load_transcript(tmp_path / "t.jsonl").messages] == ["hello"]
+
+
 # -- a crash: SIGKILL at random moments ---------------------------------------------------
 
 CHILD = """

@@ -137,6 +137,9 @@ class TranscriptLog:
 
     def release(self) -> None:
         """Buffer a `release` record: the held messages join the conversation here."""
+        if self._fd is None:
+            msg = f"transcript log {self.path} is closed"
+            raise ValueError(msg)
         self._pending.append(_RELEASE)
 
     def write(self) -> None:
