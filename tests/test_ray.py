@@ -240,6 +240,29 @@ def test_a_killed_shard_ends_its_queries_with_shard_lost_and_the_session_resumes
     sharded(tmp_path, main)
 
 
+def test_a_session_forked_on_another_shard_goes_on_from_its_conversation_and_leaves_it_as_it_was(
+    tmp_path: Path,
+) -> None:
+    async def main(rt: ShardedRuntime) -> None:
+        original = await rt.open_session({"replies": ["first answer", "original goes on"]}, key="orig")
+        assert (await original.query("question one", events="result").result()).result == "first answer"
+        before = (tmp_path / "orig.jsonl").read_bytes()
+        fork = await rt.fork("orig", "branch", {"replies": ["branch goes on"]})
+        assert fork.shard != original.shard  # the least-loaded shard
+        assert fork.key == "branch" and fork.id != original.id
+        assert (await fork.query("question two", events="result").result()).result == "branch goes on"
+        texts = [m.model_dump()["content"] for m in await fork.transcript()]
+        assert texts[0] == "question one" and texts[-2] == "question two"
+        assert (tmp_path / "orig.jsonl").read_bytes() == before  # the original file is untouched
+        assert (await original.query("and on", events="result").result()).result == "original goes on"
+        with pytest.raises(FileNotFoundError, match=r"no transcript nowhere\.jsonl"):
+            await rt.fork("nowhere")
+        with pytest.raises(ValueError, match="'branch' is already open"):
+            await rt.fork("orig", "branch")
+
+    sharded(tmp_path, main)
+
+
 def test_a_shard_restarted_by_ray_comes_back_empty_says_so_and_takes_sessions_again(tmp_path: Path) -> None:
     async def main(rt: ShardedRuntime) -> None:
         victim = await rt.open_session({"kind": "block"}, key="victim")

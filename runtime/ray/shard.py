@@ -244,27 +244,33 @@ class Shard:
             raise FactoryError(msg)
         return options
 
-    async def open_session(self, key: str, spec: Mapping[str, Any], resume: bool) -> str:
-        """Open (or, `resume`, restore from its transcript) the session `key`; returns its session id."""
+    async def open_session(self, key: str, spec: Mapping[str, Any], resume: bool, fork_of: str | None = None) -> str:
+        """Open (or, `resume`, restore from its transcript) the session `key`; returns its session id.
+        `fork_of`: a new session `key` that goes on from the conversation in session `fork_of`'s transcript."""
         runtime = await self._rt()
         if key in self._sessions:
             msg = f"session {key!r} is already open on shard {self.index}"
             raise ValueError(msg)
         options = self._options(spec)
         path = self.transcript_dir / f"{key}.jsonl"
-        exists = await asyncio.to_thread(lambda: path.exists() and path.stat().st_size > 0)
+        source = self.transcript_dir / f"{fork_of if fork_of is not None else key}.jsonl"
+        exists, found = await asyncio.to_thread(lambda: (_has_records(path), _has_records(source)))
+        if (resume or fork_of is not None) and not found:
+            msg = f"no transcript {source.name} in the transcript directory to {'fork' if fork_of else 'resume'} from"
+            raise FileNotFoundError(msg)
         if resume:
-            if not exists:
-                msg = f"no transcript {path.name} in the transcript directory to resume session {key!r} from"
-                raise FileNotFoundError(msg)
             session = await runtime.open_session(options, resume=path)
         else:
             if exists:
                 msg = f"session {key!r} has a transcript already: resume it, or open it under another key"
                 raise FileExistsError(msg)
-            session = await runtime.open_session(options, transcript=path)
+            if fork_of is not None:
+                session = await runtime.open_session(options, resume=source, transcript=path, fork=True)
+            else:
+                session = await runtime.open_session(options, transcript=path)
         self._sessions[key] = _Hosted(session)
-        self.log.bind(session=session.id).debug("{} session {}", "resumed" if resume else "opened", key)
+        done = "resumed" if resume else f"forked from {fork_of}" if fork_of else "opened"
+        self.log.bind(session=session.id).debug("{} session {}", done, key)
         return session.id
 
     def _hosted(self, key: str) -> _Hosted:
@@ -387,3 +393,7 @@ class Shard:
             await self._idle.wait()  # every query's end is in its outbox
         for outbox in self._outboxes.values():
             outbox.close()
+
+
+def _has_records(path: Path) -> bool:
+    return path.exists() and path.stat().st_size > 0

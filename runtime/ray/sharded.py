@@ -17,6 +17,8 @@
   sessions are marked lost; `await rt.resume(key, spec)` restores one from its transcript on a live
   shard (same session id). A shard Ray restarted (`max_restarts`) comes back empty and says so; it
   takes new sessions again.
+* `await rt.fork(key)` opens a new session on the least-loaded shard that goes on from session `key`'s
+  transcript (`Runtime.open_session(..., fork=True)` there), with an id of its own.
 Imports `queryloop.runtime.ray.shard`, `query`, `wire`.
 """
 
@@ -188,12 +190,23 @@ class ShardedRuntime:
         avoid = known.shard if known is not None else None
         return await self._place(key, spec if spec is not None else (known.spec if known else {}), True, avoid)
 
-    async def _place(self, key: str, spec: Mapping[str, Any], resume: bool, avoid: int | None) -> RemoteSession:
+    async def fork(self, key: str, new_key: str | None = None, spec: Mapping[str, Any] | None = None) -> RemoteSession:
+        """A new session (`new_key`, made if not given) on the least-loaded live shard that goes on from
+        the conversation in session `key`'s transcript, with a session id of its own; `key`'s session
+        and transcript are left as they are, open or not. `spec` defaults to `key`'s."""
+        known = self._sessions.get(key)
+        spec = spec if spec is not None else (known.spec if known is not None else {})
+        return await self._place(new_key or f"s{secrets.token_hex(8)}", spec, False, None, fork_of=key)
+
+    async def _place(
+        self, key: str, spec: Mapping[str, Any], resume: bool, avoid: int | None, fork_of: str | None = None
+    ) -> RemoteSession:
         if self.closed:
             raise RuntimeClosed("the sharded runtime is closed")
-        if not KEY.fullmatch(key):
-            msg = f"a session key is letters, digits, '.', '_', '-' (≤ 128, a file name): not {key!r}"
-            raise ValueError(msg)
+        for name in (key, fork_of):
+            if name is not None and not KEY.fullmatch(name):
+                msg = f"a session key is letters, digits, '.', '_', '-' (≤ 128, a file name): not {name!r}"
+                raise ValueError(msg)
         if key in self._sessions and not resume:
             msg = f"session {key!r} is already open"
             raise ValueError(msg)
@@ -207,7 +220,8 @@ class ShardedRuntime:
         state.sessions[key] = session  # counted at once: concurrent openings spread
         self._sessions[key] = session
         try:
-            session.id = await self._unwrap(state, key, state.actor.open_session.remote(key, dict(spec), resume))
+            opened = state.actor.open_session.remote(key, dict(spec), resume, fork_of)
+            session.id = await self._unwrap(state, key, opened)
         except BaseException:
             state.sessions.pop(key, None)
             if self._sessions.get(key) is session:
