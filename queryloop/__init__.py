@@ -51,7 +51,15 @@ from queryloop.runtime.loop.events import (
     Usage,
     UserMessage,
 )
-from queryloop.runtime.loop.hooks import HookDecision, PostToolUseHook, PostToolUseInput, StopHook, StopHookInput
+from queryloop.runtime.loop.hooks import (
+    HookDecision,
+    PostToolUseHook,
+    PostToolUseInput,
+    StopFailureHook,
+    StopFailureInput,
+    StopHook,
+    StopHookInput,
+)
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import LoadedTranscript, Sidechain, load_transcript
@@ -136,6 +144,8 @@ __all__ = [
     "Session",
     "SessionClosed",
     "Sidechain",
+    "StopFailureHook",
+    "StopFailureInput",
     "StopHook",
     "StopHookInput",
     "StreamEvent",

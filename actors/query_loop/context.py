@@ -145,7 +145,7 @@ class QueryLoopContext(QueryLoopEnding):
         if run.control.abort_reason is not None:  # aborted while compacting: the abort comes first
             return self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids)))
         if recovered is None:
-            await self._surface(run, withheld)
+            await self._surface_failure(run, withheld, "invalid_request")
             return Terminal(reason="prompt_too_long")
         return recovered
 

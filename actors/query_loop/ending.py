@@ -8,6 +8,7 @@ on its turn.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +22,14 @@ from queryloop.runtime.kernel.actor import TrioActorRef
 from queryloop.runtime.kernel.messages import Abort
 from queryloop.runtime.loop.decisions import abort_terminal, result_is_error, result_subtype
 from queryloop.runtime.loop.events import (
+    AssistantMessage,
     AttachmentMessage,
     ResultMessage,
     TombstoneEvent,
     UserMessage,
     api_error_message,
 )
+from queryloop.runtime.loop.hooks import StopFailureError, StopFailureInput, run_stop_failure_hook, stop_failure_error
 from queryloop.runtime.loop.model import ModelError
 from queryloop.runtime.loop.state import State, Terminal
 from queryloop.runtime.loop.transcript import (
@@ -112,10 +115,12 @@ class QueryLoopEnding(QueryLoopTurns):
         if turn.pending:
             self._stop_workers_soon()  # the tools the failed response started stop now
         self._collect_remaining(run, turn, f"Error: {error.message}")
-        text = error.message if error.kind == "image_size" else f"API Error: {error.message}"
-        await self._surface(run, api_error_message(run.model, text))
-        if error.kind == "image_size":
-            return Terminal(reason="image_error", error=text)
+        if error.kind == "image_size":  # Claude Code's image error path: no StopFailure hooks
+            await self._surface(run, api_error_message(run.model, error.message))
+            return Terminal(reason="image_error", error=error.message)
+        text = f"API Error: {error.message}"
+        failure = stop_failure_error(error.kind, error.message)
+        await self._surface_failure(run, api_error_message(run.model, text), failure, error.message)
         return Terminal(reason="model_error", error=text)
 
     async def _max_turns(self, run: Run, state: State) -> Terminal:
@@ -140,8 +145,30 @@ class QueryLoopEnding(QueryLoopTurns):
         for message in [*turn.assistant_messages, *turn.tool_results]:
             self._emit_now(run, TombstoneEvent(message_uuid=message.uuid))
         text = refusal_text(details)
-        await self._surface(run, api_error_message(run.model, text))
+        await self._surface_failure(run, api_error_message(run.model, text), "invalid_request")
         return Terminal(reason="completed", error=text, stop_details=details)
+
+    async def _surface_failure(
+        self, run: Run, message: AssistantMessage, error: StopFailureError, details: str | None = None
+    ) -> None:
+        """Surface the API error the query ends on, and start its StopFailure hooks without waiting for them
+        (seed 000: `void executeStopFailureHooks(lastMessage)`): they run in the runtime, not the session."""
+        await self._surface(run, message)
+        hooks, detach = run.options.stop_failure_hooks, self.detach
+        if not hooks or detach is None:
+            return
+        agent_id, agent_type = self.agent or (None, None)
+        text = "".join(block.get("text", "") for block in message.content if block.get("type") == "text")
+        hook_input = StopFailureInput(
+            session_id=self.supervisor.session_id,
+            error=error,
+            error_details=details if details is not None else text,
+            last_assistant_message=text,
+            agent_id=agent_id,
+            agent_type=agent_type,
+        )
+        for hook in hooks:
+            detach(functools.partial(run_stop_failure_hook, hook, hook_input))
 
     def _collect_remaining(self, run: Run, turn: Turn, text: str) -> None:
         """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic (`text`)."""

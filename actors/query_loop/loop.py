@@ -66,7 +66,7 @@ from queryloop.runtime.loop.transcript import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
     from types import TracebackType
 
@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from queryloop.actors.budget_guard import BudgetGuard
     from queryloop.actors.model_caller import ModelCaller
     from queryloop.actors.tool_executor import StreamingToolExecutor
+    from queryloop.runtime.loop.hooks import StopFailureError
     from queryloop.runtime.loop.model import ModelProvider
     from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
@@ -103,6 +104,7 @@ class QueryLoop(QueryLoopContext):
         sidechains: dict[str, Sidechain] | None = None,
         mcp_tools: Callable[[list[str]], list[Tool]] | None = None,
         agent: tuple[str, str] | None = None,
+        detach: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
     ) -> None:
         super().__init__()
         self.model_caller = model_caller
@@ -124,6 +126,7 @@ class QueryLoop(QueryLoopContext):
         self._depth = depth
         self.mcp_tools = mcp_tools
         self.agent = agent
+        self.detach = detach
         self._subagents: Subagents | None = None
         """Made for the first query that has `agents` (a session without them never has one)."""
         self._run: Run | None = None
@@ -345,7 +348,10 @@ class QueryLoop(QueryLoopContext):
                     if retried is not None:
                         state = retried
                         continue
-                    await self._surface(run, ended.withheld)
+                    cut: StopFailureError = (
+                        "max_output_tokens" if ended.stop_reason == "max_tokens" else "invalid_request"
+                    )
+                    await self._surface_failure(run, ended.withheld, cut)
                     return COMPLETED, state  # an API error never reaches stop hooks
                 after = await self._after_final_response(run, state, messages_for_query, turn)
                 if isinstance(after, Terminal):

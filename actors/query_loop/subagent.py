@@ -225,6 +225,7 @@ class Subagents:
                 depth=self.depth + 1,
                 mcp_tools=self._parent.mcp_tools,
                 agent=(agent_id, args.subagent_type),
+                detach=self._parent.detach,
             )
             loop.tell(RunQuery(prompt=UserMessage(content=args.prompt), options=options, sink=events, control=control))
             result = await _relay(events, channel, tool_use_id)

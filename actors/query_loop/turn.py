@@ -52,7 +52,7 @@ from queryloop.runtime.loop.state import State
 from queryloop.runtime.loop.transcript import response_text, strip_signature_blocks
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
 
     from pykka import ActorRef
@@ -88,6 +88,8 @@ class QueryLoopTurns(TrioActor):
     """The current tools of the runtime's MCP servers of these names (`QueryOptions.mcp_servers`)."""
     agent: tuple[str, str] | None
     """A subagent's loop: its agent id and type (for its stop hooks); None for a session's own."""
+    detach: Callable[[Callable[[], Awaitable[None]]], None] | None
+    """Runs a coroutine function in the runtime, detached from the query (the StopFailure hooks)."""
     _run: Run | None
     _queued: RunQuery | None
 

@@ -66,6 +66,7 @@ _HOSTED_FIELDS = (
     "stop_hooks",
     "subagent_stop_hooks",
     "post_tool_use_hooks",
+    "stop_failure_hooks",
     "memory_prefetch",
     "attachment_sources",
     "provider",

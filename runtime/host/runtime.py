@@ -28,7 +28,7 @@ from queryloop.runtime.mcp.resources import resource_tools
 from queryloop.runtime.mcp.servers import McpServer
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
     from pathlib import Path
 
     from pykka import ActorRef
@@ -65,6 +65,9 @@ class Runtime:
         """A host-wide BudgetGuard every new session reports its spend to (optional)."""
         self._mcp: dict[str, McpConnection] = {}
         self._resource_tools: dict[tuple[str, ...], list[Tool]] = {}
+        self._detached = 0
+        """Detached runs (StopFailure hooks) not yet ended: the runtime's close waits for them."""
+        self._detached_ended = trio.lowlevel.ParkingLot()
 
     @classmethod
     @asynccontextmanager
@@ -122,6 +125,8 @@ class Runtime:
                 with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
                     for session in list(runtime._sessions.values()):
                         await session.close()
+                    while runtime._detached:  # the StopFailure hooks those sessions' last queries started
+                        await runtime._detached_ended.park()
                 for connection in runtime._mcp.values():
                     connection.close()  # its task ends with the nursery: a stdio server is stopped and reaped
                 # What did not settle in time is stopped now: its actors' work is cancelled, their
@@ -203,10 +208,25 @@ class Runtime:
             agents_host=self.agents,
             sidechains=loaded.sidechains if loaded is not None else None,
             mcp_tools=self._session_mcp_tools,
+            detach=self._detach,
         )
         session = Session(group, options, loop, log)
         self._sessions[session.id] = session
         return session
+
+    def _detach(self, run: Callable[[], Awaitable[None]]) -> None:
+        """Run `run()` in the runtime's nursery, outliving the query and session that started it (a StopFailure
+        hook, which the loop does not await); the runtime's close waits for it, up to its grace period."""
+        self._detached += 1
+        self._nursery.start_soon(self._run_detached, run)
+
+    async def _run_detached(self, run: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await run()
+        finally:
+            self._detached -= 1
+            if not self._detached:
+                self._detached_ended.unpark_all()
 
     async def open_mcp(self, name: str, server: McpServer) -> list[Tool]:
         """Connect an MCP server for every session of this runtime; returns its tools, for `QueryOptions.tools`.

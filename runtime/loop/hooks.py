@@ -1,10 +1,14 @@
-"""Stop hooks and PostToolUse hooks: async callables returning a `HookDecision` (or None to pass).
+"""Stop hooks and PostToolUse hooks: async callables returning a `HookDecision` (or None to pass);
+StopFailure hooks, told when a query ends on an API error.
 
 A hook that raises is a non-blocking hook error, reported as Claude Code reports one and never to the
 model: the loop goes on as if the hook had returned None (the other hooks' decisions still count),
 a `system` event of subtype `hook_error` is emitted (`hook_error_message`: it joins the conversation,
 whose system messages are never sent to the API) and its text is added to the query's
 `result.errors`. The result's `subtype` and `is_error` stay what the query's ending makes them.
+
+A StopFailure hook is not awaited by the loop (Claude Code's `void executeStopFailureHooks`): it runs
+detached from the query, in the runtime, what it returns is ignored and an error it raises is logged.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+import trio
+from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
 from queryloop.runtime.loop.events import SystemMessage, TranscriptMessage
@@ -52,8 +58,80 @@ class PostToolUseInput(BaseModel):
     is_error: bool
 
 
+StopFailureError = Literal[
+    "rate_limit",
+    "overloaded",
+    "server_error",
+    "authentication_failed",
+    "billing_error",
+    "model_not_found",
+    "invalid_request",
+    "max_output_tokens",
+    "unknown",
+]
+"""Claude Code's categories of the API error a turn ended on (its StopFailure hook's `error`)."""
+
+
+class StopFailureInput(BaseModel):
+    """What a StopFailure hook gets: the query ended on an API error, surfaced as the last assistant message
+    (the model's reply was cut, refused or never came), so the stop hooks did not run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    error: StopFailureError
+    error_details: str | None = None
+    """The error as the API (or the provider) gave it."""
+    last_assistant_message: str | None = None
+    """The text of the API error message the query surfaced."""
+    agent_id: str | None = None
+    """The subagent whose query this was; None for the session's own."""
+    agent_type: str | None = None
+
+
 StopHook = Callable[[StopHookInput], Awaitable[HookDecision | None]]
 PostToolUseHook = Callable[[PostToolUseInput], Awaitable[HookDecision | None]]
+StopFailureHook = Callable[[StopFailureInput], Awaitable[object]]
+
+STOP_FAILURE_HOOK_TIMEOUT_S = 600.0
+"""How long a StopFailure hook may run (Claude Code's hook timeout, ten minutes); it is cancelled then."""
+
+_STOP_FAILURE_BY_KIND: dict[str, StopFailureError] = {
+    "rate_limit": "rate_limit",
+    "overloaded": "overloaded",
+    "api_error": "server_error",
+    "authentication": "authentication_failed",
+    "not_found": "model_not_found",
+    "invalid_request": "invalid_request",
+    "prompt_too_long": "invalid_request",
+    "context_overflow": "invalid_request",
+    "max_tokens_cap": "invalid_request",
+}
+
+
+def stop_failure_error(kind: str, message: str) -> StopFailureError:
+    """The StopFailure category of a `ModelError` (its `kind` and message); a cut connection is `unknown`."""
+    if "credit balance is too low" in message.lower():  # a 400 the API sends for billing
+        return "billing_error"
+    return _STOP_FAILURE_BY_KIND.get(kind, "unknown")
+
+
+async def run_stop_failure_hook(hook: StopFailureHook, hook_input: StopFailureInput) -> None:
+    """One StopFailure hook, detached from its query: bounded by `STOP_FAILURE_HOOK_TIMEOUT_S`, its answer
+    ignored, an error it raises logged (the query has ended: there is no result left to report it in)."""
+    name = getattr(hook, "__qualname__", None) or type(hook).__qualname__
+    try:
+        with trio.move_on_after(STOP_FAILURE_HOOK_TIMEOUT_S) as scope:
+            await hook(hook_input)
+    except Exception:  # noqa: BLE001 - a hook's failure never reaches the runtime
+        log = logger.bind(session=hook_input.session_id)
+        log.opt(exception=True).warning("StopFailure hook {} failed", name)
+        return
+    if scope.cancelled_caught:
+        logger.bind(session=hook_input.session_id).warning(
+            "StopFailure hook {} was cancelled after {} s", name, STOP_FAILURE_HOOK_TIMEOUT_S
+        )
+
 
 STOP_HOOK_FEEDBACK = "Stop hook feedback:\n{error}"
 

@@ -15,7 +15,7 @@ from queryloop.runtime.loop.agents import (
     AgentDefinition,
 )
 from queryloop.runtime.loop.events import TranscriptMessage
-from queryloop.runtime.loop.hooks import PostToolUseHook, StopHook
+from queryloop.runtime.loop.hooks import PostToolUseHook, StopFailureHook, StopHook
 from queryloop.runtime.loop.model import ModelProvider, check_provider, runs_on_asyncio
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
 from queryloop.runtime.loop.structured_output import DEFAULT_MAX_RETRIES, STRUCTURED_OUTPUT_TOOL
@@ -86,6 +86,10 @@ class QueryOptions(BaseModel):
     `completed`, with a `system` event `stop_hook_block_cap` and the warning in `result.errors`.
     0: no cap. Claude Code's `CLAUDE_CODE_STOP_HOOK_BLOCK_CAP`, whose default this is."""
     post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
+    stop_failure_hooks: list[StopFailureHook] = Field(default_factory=list)
+    """Told when a query (a subagent's too) ends on an API error instead of stop hooks running: a model error,
+    a refusal, a cut-off or a prompt too long surfaced. Not awaited by the loop: they run in the runtime,
+    whose close waits for them (up to its grace period)."""
     attachment_sources: list[AttachmentSource] = Field(default_factory=list)
     memory_prefetch: MemoryPrefetch | None = None
     provider: Provider = None
