@@ -458,26 +458,29 @@ class ModelCaller(TrioActor):
         # The message goes first: a tool is only ever started for a block the loop has seen.
         if call.progress.cut:
             return
-        message = assistant_message(
-            new_uuid(), assembler.message_id, call.request.model, [completed.block], assembler.usage
+        block = completed.block
+        message = shown = assistant_message(
+            new_uuid(), assembler.message_id, call.request.model, [block], assembler.usage
         )
+        is_tool = block.get("type") == "tool_use"
+        if is_tool and (tool := call.turn.tools.get(block.get("name", ""))) is not None:
+            shown = tool.observed_message(message, block)
         # The consumer first, then the loop, without a checkpoint in between: an abort cannot come between the
         # two. So the message waits neither for the consumer nor for the loop (`push`: one per block past each
         # bound, while its stream events wait): a consumer must not hold a tool_use the loop has not seen,
         # which no abort would answer.
-        progress = call.progress
-        log = call.transcript
+        progress, log = call.progress, call.transcript
         if log is not None:
-            log.append(message)  # before the push: the consumer's handle writes the buffer before it takes an event
+            log.append(shown)  # before the push: the consumer's handle writes the buffer before it takes an event
         if not progress.consumer_gone:
             try:
-                call.events.push(message)
+                call.events.push(shown)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 progress.consumer_gone = True
                 call.sink.push(ConsumerGone())  # once a call
-        call.sink.push(message)
-        if completed.block.get("type") == "tool_use" and self.executor is not None:
-            self.executor.tell(add_tool(block=completed.block, turn=call.turn, input_error=completed.input_error))
+        call.sink.push(message)  # as the model wrote it: the conversation goes back to the API byte for byte
+        if is_tool and self.executor is not None:
+            self.executor.tell(add_tool(block=block, turn=call.turn, input_error=completed.input_error))
 
     async def _emit(self, call: StartCall, event: Any) -> None:
         """To the query's consumer; waits if it is slow. A consumer gone is reported to the loop, once."""

@@ -273,6 +273,9 @@ class StreamingToolExecutor(TrioActor):
         messages: list[AttachmentMessage | SystemMessage] = []
         prevent = False
         name = entry.block.get("name", "")
+        tool = turn.tools.get(name)
+        observed = tool.observable_input(tool_input) if tool is not None else None  # seed 004's backfill
+        tool_input = observed if observed is not None else tool_input
         for hook in turn.post_tool_use_hooks:
             try:
                 decision = await hook(

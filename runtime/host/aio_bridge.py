@@ -381,6 +381,7 @@ def host_tool(bridge: Bridge, tool: Tool) -> Tool:
         concurrency_safe=tool.concurrency_safe,
         timeout_s=tool.timeout_s,
         runs_on="trio",
+        backfill_observable_input=tool.backfill_observable_input,
     )
 
 

@@ -44,12 +44,16 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
+from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
 from queryloop.runtime.errors import QueryloopError
+
+if TYPE_CHECKING:
+    from queryloop.runtime.loop.events import AssistantMessage, Block
 
 ToolOutput = str | list[dict[str, Any]]
 
@@ -146,6 +150,11 @@ class Tool(BaseModel):
     timeout_s: float | None = None
     runs_on: Literal["trio", "asyncio"] | None = None
     """The event loop an async tool is written for (see the module docstring); None: the host's."""
+    backfill_observable_input: Callable[[dict[str, Any]], None] | None = None
+    """Adds derived fields to a copy of a call's input, for observers (seed 004): the consumer's
+    `AssistantMessage` and the transcript show the copy when it gained fields (not when it only changed
+    some), a PostToolUse hook always gets it. The conversation sent to the API keeps the input as the
+    model wrote it, byte for byte (its prompt cache)."""
 
     def model_post_init(self, context: Any, /) -> None:
         if self.input_model is not None and self.input_schema is not None:
@@ -196,6 +205,31 @@ class Tool(BaseModel):
         """The definition sent to the Messages API (made when the tool was; shared: do not change it)."""
         return self._api_schema
 
+    def observable_input(self, raw: dict[str, Any]) -> dict[str, Any] | None:
+        """`raw` backfilled for observers (`backfill_observable_input`), as a copy; None if the tool has no
+        backfill or it raised (logged: an observer's view is not worth a failed call)."""
+        backfill = self.backfill_observable_input
+        if backfill is None:
+            return None
+        observed = dict(raw)
+        try:
+            backfill(observed)
+        except Exception:  # noqa: BLE001 - the host's function; the call goes on with its input as sent
+            logger.opt(exception=True).warning("tool {}: backfill_observable_input raised", self.name)
+            return None
+        return observed
+
+    def observed_message(self, message: AssistantMessage, block: Block) -> AssistantMessage:
+        """What observers see of `message`, a call of this tool (its `block`): a copy whose input the backfill
+        extended, if it added fields; else `message` itself (a backfill that only changes fields is not shown)."""
+        raw = block.get("input")
+        if not isinstance(raw, dict):
+            return message
+        observed = self.observable_input(raw)
+        if observed is None or all(key in raw for key in observed):
+            return message
+        return message.model_copy(update={"content": [{**block, "input": observed}]})
+
     def parse_input(self, raw: dict[str, Any]) -> Any:
         """Validate the model's input; raises pydantic's `ValidationError` naming the field."""
         # The model's validator itself, as `model_validate` calls it: no Python frame of pydantic's per tool call.
@@ -210,13 +244,15 @@ def tool(
     concurrency_safe: bool = False,
     timeout_s: float | None = None,
     runs_on: Literal["trio", "asyncio"] | None = None,
+    backfill_observable_input: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[ToolFunction], Tool]:
     """Make a `Tool` of an `async def fn(args: SomeModel, ctx: ToolContext)`, or of a plain `def`
     of the same shape (run in a worker thread: see the module docstring).
 
     The input model is `input_model`, or else read from the first parameter's hint. Anything but
     a sync or async function (or callable object) is refused with a `TypeError` here.
-    `runs_on` names the event loop an async tool is written for (None: the host's).
+    `runs_on` names the event loop an async tool is written for (None: the host's);
+    `backfill_observable_input` is `Tool`'s.
     """
 
     def wrap(fn: ToolFunction) -> Tool:
@@ -231,6 +267,7 @@ def tool(
             concurrency_safe=concurrency_safe,
             timeout_s=timeout_s,
             runs_on=runs_on,
+            backfill_observable_input=backfill_observable_input,
         )
 
     return wrap
