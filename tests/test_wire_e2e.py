@@ -136,6 +136,45 @@ async def test_tool_loop_through_the_sdk_pairs_every_tool_use_with_its_result_an
             await assert_settled(session, handle, events)
 
 
+async def test_prompt_caching_marks_every_request_and_cache_reads_and_writes_are_priced_so() -> None:
+    written = {"input_tokens": 10, "cache_creation_input_tokens": 2_000, "output_tokens": 50}
+    read_back = {
+        "input_tokens": 10,
+        "cache_read_input_tokens": 2_000,
+        "cache_creation_input_tokens": 60,
+        "output_tokens": 5,
+    }
+    script = [
+        tools_reply(tool_use("t1", "read", {"path": "a.py"})) | {"usage": written},
+        text_reply("All read.") | {"usage": read_back},
+    ]
+    read = scripted_tool("read", result="contents")
+    with trio.fail_after(DEADLINE_S):
+        async with served(script) as (api, model), Runtime.open() as rt:
+            session = await rt.open_session(QueryOptions(provider=model, tools=[read]))
+            handle, events = await run_query(session)
+            await assert_settled(session, handle, events)
+        assert [r.body.get("cache_control") for r in api.requests] == [{"type": "ephemeral"}] * 2
+        # The second request's prefix is the first one's, byte for byte: what the cache can serve.
+        first, second = (r.body["messages"] for r in api.requests)
+        assert second[: len(first)] == first
+        result = handle.result
+        assert result is not None and result.usage.cache_read_input_tokens == 2_000
+        price = pricing_for("claude-sonnet-5-5")
+        spent = 20 * price.input + 55 * price.output + 2_060 * price.cache_write + 2_000 * price.cache_read
+        assert result.total_cost_usd == pytest.approx(spent / 1_000_000)
+
+        async with LocalMessagesAPI([text_reply("No marker.")]) as api:
+            plain = AnthropicModel(api_key=API_KEY, base_url=api.base_url, prompt_caching=False)
+            try:
+                async with Runtime.open() as rt:
+                    session = await rt.open_session(QueryOptions(provider=plain))
+                    assert (await session.query("hi").wait()).result == "No marker."
+            finally:
+                await plain.aclose()
+            assert "cache_control" not in api.requests[0].body
+
+
 async def test_persistent_overload_switches_to_the_fallback_model_over_the_wire() -> None:
     # Both primary attempts get the recorded 529 (no retry-after, so one real backoff of ≤ 0.5 s).
     script = [{"error": "fallback"}, {"error": "overloaded"}, text_reply("Answered by the fallback model.")]
