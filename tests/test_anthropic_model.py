@@ -77,8 +77,8 @@ def make_client(handler: Handler) -> anthropic.AsyncAnthropic:
     )
 
 
-def make_model(handler: Handler) -> AnthropicModel:
-    return AnthropicModel(client=make_client(handler))
+def make_model(handler: Handler, **options: Any) -> AnthropicModel:
+    return AnthropicModel(client=make_client(handler), **options)
 
 
 def make_request(**overrides: Any) -> ModelRequest:
@@ -265,9 +265,12 @@ async def test_empty_optional_fields_are_left_out_of_the_request() -> None:
         seen.append(json.loads(request.content))
         return sse_response((SSE / "text_basic_ping.sse").read_bytes())
 
+    await collect(make_model(handler, prompt_caching=False), make_request())
     await collect(make_model(handler), make_request())
 
     assert set(seen[0]) == {"model", "max_tokens", "messages", "stream"}
+    # Prompt caching (on by default) adds its one top-level marker, and nothing else.
+    assert set(seen[1]) - set(seen[0]) == {"cache_control"} and seen[1]["cache_control"] == {"type": "ephemeral"}
 
 
 async def test_thinking_is_sent_and_task_budget_goes_to_output_config_behind_its_beta() -> None:
