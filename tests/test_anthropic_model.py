@@ -293,6 +293,23 @@ async def test_thinking_is_sent_and_task_budget_goes_to_output_config_behind_its
     assert "task-budgets-2026-03-13" in seen[0].headers["anthropic-beta"]
 
 
+async def test_effort_goes_to_output_config_beside_the_task_budget() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(json.loads(request.content))
+        return sse_response((SSE / "text_basic_ping.sse").read_bytes())
+
+    await collect(make_model(handler), make_request(effort="low"))
+    await collect(make_model(handler), make_request(effort="max", task_budget={"total": 9_000, "remaining": 8_000}))
+
+    assert seen[0]["output_config"] == {"effort": "low"}
+    assert seen[1]["output_config"] == {
+        "task_budget": {"type": "tokens", "total": 9_000, "remaining": 8_000},
+        "effort": "max",
+    }
+
+
 async def test_api_key_is_sent_to_the_server_but_never_shown_in_repr() -> None:
     seen: list[httpx2.Request] = []
 

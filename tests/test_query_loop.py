@@ -1191,3 +1191,20 @@ async def test_an_abort_while_a_slow_consumer_holds_the_stream_back_answers_ever
             assert sorted(ran.tool_results()) == sorted(seen_uses), read_before_abort
             await assert_settled(ran)
             await session.close()
+
+
+async def test_effort_reaches_the_querys_calls_and_not_the_runtimes_summaries() -> None:
+    summaries = ScriptedModel([text_reply("Read a file.")], repeat=True)
+    async with Runtime.open() as runtime:
+        ran = await run_query(
+            runtime,
+            [tools_reply(tool_use("t1", "read")), text_reply("done")],
+            tools=[scripted_tool("read", result="x")],
+            effort="high",
+            tool_use_summaries=True,
+            summary_provider=summaries,
+        )
+        assert ran.reason == "completed"
+    assert [r.effort for r in ran.model.requests] == ["high", "high"]
+    assert [r.effort for r in summaries.requests] == [None]
+    assert [r.purpose for r in summaries.requests] == ["summary"]

@@ -231,6 +231,7 @@ class QueryLoopTurns(TrioActor):
             max_tokens=state.max_output_tokens_override or run.options.max_output_tokens,
             thinking=run.options.thinking,
             task_budget=task_budget_of(run),
+            effort=run.options.effort,
             purpose="main",
         )
 

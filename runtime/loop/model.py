@@ -41,6 +41,10 @@ MAX_TOKENS_KINDS: frozenset[str] = frozenset({"context_overflow", "max_tokens_ca
 """400s fixed by asking for fewer output tokens (`queryloop.runtime.loop.max_tokens`), not by a retry as is."""
 
 
+Effort = Literal["low", "medium", "high", "xhigh", "max"]
+"""The Messages API's `output_config.effort`: how much the model puts into a response."""
+
+
 @record
 class ModelRequest(Model):
     """One Messages API request, already normalized for the wire.
@@ -59,6 +63,7 @@ class ModelRequest(Model):
     max_tokens: int
     thinking: dict[str, Any] | None = None
     task_budget: dict[str, int] | None = None
+    effort: Effort | None = None
     purpose: Literal["main", "summary", "compact"] = "main"
 
 

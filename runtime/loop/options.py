@@ -16,7 +16,7 @@ from queryloop.runtime.loop.agents import (
 )
 from queryloop.runtime.loop.events import TranscriptMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, StopFailureHook, StopHook
-from queryloop.runtime.loop.model import ModelProvider, check_provider, runs_on_asyncio
+from queryloop.runtime.loop.model import Effort, ModelProvider, check_provider, runs_on_asyncio
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
 from queryloop.runtime.loop.structured_output import DEFAULT_MAX_RETRIES, STRUCTURED_OUTPUT_TOOL
 from queryloop.runtime.loop.tools import CanUseTool, Tool
@@ -71,6 +71,9 @@ class QueryOptions(BaseModel):
     iterations in one request before it pauses: five allow some fifty searches in one turn, enough for
     a deep research turn, and stop a turn that would page on forever."""
     thinking: dict[str, Any] | None = None
+    effort: Effort | None = None
+    """The API's `output_config.effort` for the query's calls ("low" … "max"; None: the model's default).
+    The runtime's own small calls (summaries) and compaction calls are sent without it."""
     pricing: Pricing | None = None
     tools: list[Tool] = Field(default_factory=list)
     mcp_servers: list[str] = Field(default_factory=list)

@@ -158,12 +158,17 @@ class AnthropicModel:
         # The body is read raw (see below), so it must not be compressed.
         extra_headers: dict[str, str] = {"accept-encoding": "identity"}
         extra_body: dict[str, Any] = {}
+        output_config: dict[str, Any] = {}
         if request.task_budget:
             # The API documents the budget inside `output_config`, typed {"type": "tokens", "total",
             # "remaining"} and behind a beta header (platform docs "Task budgets"; the SDK's
             # BetaOutputConfigParam), not as a top-level `task_budget` field.
-            extra_body["output_config"] = {"task_budget": {"type": "tokens", **request.task_budget}}
+            output_config["task_budget"] = {"type": "tokens", **request.task_budget}
             extra_headers["anthropic-beta"] = TASK_BUDGETS_BETA
+        if request.effort is not None:
+            output_config["effort"] = request.effort
+        if output_config:
+            extra_body["output_config"] = output_config
         try:
             sdk_stream = await self._client.messages.create(
                 stream=True,
