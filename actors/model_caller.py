@@ -455,16 +455,15 @@ class ModelCaller(TrioActor):
         await trio.sleep(delay)
 
     def _hand_over(self, completed: CompletedBlock, assembler: ResponseAssembler, call: StartCall) -> None:
-        # The message goes first: a tool is only ever started for a block the loop has seen.
         if call.progress.cut:
             return
         block = completed.block
-        message = shown = assistant_message(
-            new_uuid(), assembler.message_id, call.request.model, [block], assembler.usage
-        )
-        is_tool = block.get("type") == "tool_use"
-        if is_tool and (tool := call.turn.tools.get(block.get("name", ""))) is not None:
-            shown = tool.observed_message(message, block)
+        message = assistant_message(new_uuid(), assembler.message_id, call.request.model, [block], assembler.usage)
+        shown = message
+        if is_tool := block.get("type") == "tool_use":  # shown with its input backfilled, if its tool says so
+            tool = call.turn.tools.get(block["name"])
+            if tool is not None and tool.backfill_observable_input is not None:
+                shown = tool.observed_message(message, block)
         # The consumer first, then the loop, without a checkpoint in between: an abort cannot come between the
         # two. So the message waits neither for the consumer nor for the loop (`push`: one per block past each
         # bound, while its stream events wait): a consumer must not hold a tool_use the loop has not seen,
@@ -479,6 +478,7 @@ class ModelCaller(TrioActor):
                 progress.consumer_gone = True
                 call.sink.push(ConsumerGone())  # once a call
         call.sink.push(message)  # as the model wrote it: the conversation goes back to the API byte for byte
+        # The message goes first: a tool is only ever started for a block the loop has seen.
         if is_tool and self.executor is not None:
             self.executor.tell(add_tool(block=block, turn=call.turn, input_error=completed.input_error))
 

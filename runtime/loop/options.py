@@ -178,8 +178,10 @@ class QueryOptions(BaseModel):
     def asyncio_provider(self) -> ModelProvider | None:
         """The first of the providers (main, summary, compaction, the agents') written for asyncio, if any:
         the trio `Runtime` refuses it, `AsyncioRuntime` streams it on the host's loop."""
-        agents = [agent.provider for agent in self.agents.values()]
-        for provider in (self.provider, self.summary_provider, self.compact_provider, *agents):
-            if provider is not None and runs_on_asyncio(provider):
+        for provider in (self.provider, self.summary_provider, self.compact_provider):
+            if provider is not None and getattr(provider, "runs_on", None) == "asyncio":  # `runs_on_asyncio`, inline
                 return provider
+        for agent in self.agents.values():
+            if agent.provider is not None and runs_on_asyncio(agent.provider):
+                return agent.provider
         return None
