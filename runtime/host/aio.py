@@ -199,15 +199,16 @@ class AsyncioRuntime:
 
     def _hosted_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The options' fields whose code the host wrote for asyncio, each run on this loop through a stand-in:
-        async tools, `can_use_tool`, stop (and SubagentStop) and PostToolUse hooks, `memory_prefetch` and
-        attachment sources.
+        async tools, `can_use_tool`, stop (and SubagentStop), PostToolUse and StopFailure hooks, `memory_prefetch`,
+        attachment sources, and the providers (main, summary, compaction, the agents') marked for asyncio.
         A value that is not what `QueryOptions` takes is left as it is (its validation reports it); a list
-        none of whose items needs a stand-in is kept as it is (the options then need no copy)."""
+        (or the agents' dict) none of whose items needs a stand-in is kept as it is (the options then need no
+        copy)."""
         hosted: dict[str, Any] = {}
         for name, value in fields.items():
-            if name == "agents" and isinstance(value, dict):
-                agents = {key: self._stand_in(name, agent) for key, agent in value.items()}
-                hosted[name] = value if all(agents[key] is agent for key, agent in value.items()) else agents
+            if isinstance(value, dict):  # `agents`: each definition, by name
+                by_key = {key: self._stand_in(name, item) for key, item in value.items()}
+                hosted[name] = value if all(by_key[key] is item for key, item in value.items()) else by_key
             elif isinstance(value, list):
                 items = [self._stand_in(name, item) for item in value]
                 hosted[name] = value if all(a is b for a, b in zip(items, value, strict=True)) else items

@@ -256,7 +256,8 @@ class Shard:
         source = self.transcript_dir / f"{fork_of if fork_of is not None else key}.jsonl"
         exists, found = await asyncio.to_thread(lambda: (_has_records(path), _has_records(source)))
         if (resume or fork_of is not None) and not found:
-            msg = f"no transcript {source.name} in the transcript directory to {'fork' if fork_of else 'resume'} from"
+            what = f"fork {fork_of!r} into {key!r}" if fork_of is not None else f"resume session {key!r} from"
+            msg = f"no transcript {source.name} in the transcript directory to {what}"
             raise FileNotFoundError(msg)
         if resume:
             session = await runtime.open_session(options, resume=path)
