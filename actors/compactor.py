@@ -30,11 +30,11 @@ from queryloop.actors.budget_guard import RecordUsage
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
 from queryloop.runtime.loop.context import (
-    COMPACT_INSTRUCTIONS,
     ContextLimits,
     StagedCollapse,
     apply_tool_result_budget,
     commit_collapses,
+    compact_prompt,
     fit_for_summary,
     microcompact,
     post_compact_messages,
@@ -75,6 +75,7 @@ class ContextConfig(Message):
     microcompact_keep_recent: int
     collapse_keep_recent_rounds: int
     snip_max_rounds: int | None
+    compact_instructions: str | None = None
 
 
 _context_key = operator.attrgetter(
@@ -93,6 +94,7 @@ _context_key = operator.attrgetter(
     "microcompact_keep_recent",
     "collapse_keep_recent_rounds",
     "snip_max_rounds",
+    "compact_instructions",
 )
 """The options a query's `ContextConfig` is made of, read in one C call (a tuple: the key of its cache)."""
 
@@ -129,6 +131,7 @@ def context_config(options: QueryOptions) -> ContextConfig:
             microcompact_keep_recent=options.microcompact_keep_recent,
             collapse_keep_recent_rounds=options.collapse_keep_recent_rounds,
             snip_max_rounds=options.snip_max_rounds,
+            compact_instructions=options.compact_instructions,
         )
     return config
 
@@ -267,7 +270,9 @@ class Compactor(TrioActor):
         request = ModelRequest(
             model=config.model,
             system=[{"type": "text", "text": COMPACT_SYSTEM_PROMPT}],
-            messages=normalize_messages_for_api([*source, UserMessage(content=COMPACT_INSTRUCTIONS)]),
+            messages=normalize_messages_for_api(
+                [*source, UserMessage(content=compact_prompt(config.compact_instructions))]
+            ),
             max_tokens=config.limits.summary_output_reserve,
             purpose="compact",
         )

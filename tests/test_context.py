@@ -817,6 +817,7 @@ def test_context_config_is_one_object_per_setting_and_follows_every_option_it_re
         "microcompact_keep_recent": 1,
         "collapse_keep_recent_rounds": 2,
         "snip_max_rounds": 3,
+        "compact_instructions": "Keep the file names.",
     }
     on_limits = {  # option → the `ContextLimits` field it sets
         "context_window": ("context_window", 50_000),

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from queryloop import Runtime
-from queryloop.runtime.loop.context import CLEARED_TOOL_RESULT, COMPACT_SUMMARY_PREFIX
+from queryloop.runtime.loop.context import CLEARED_TOOL_RESULT, COMPACT_INSTRUCTIONS, COMPACT_SUMMARY_PREFIX
 from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, ToolUseSummaryEvent, UserMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import State, stop_hook_blocking
@@ -427,3 +427,15 @@ async def test_a_host_wide_budget_guard_caps_the_sum_over_sessions() -> None:
         assert len(second_model.requests) == 1
         assert await host.proxy().session_cost_usd == pytest.approx(0.6, abs=1e-4)
         await assert_settled(ran_second)
+
+
+async def test_compact_instructions_follow_the_runtimes_own_in_the_compaction_request() -> None:
+    async with Runtime.open() as runtime:
+        plain, told = summary_model("Summary."), summary_model("Summary, with the file names.")
+        for compactor, extra in ((plain, {}), (told, {"compact_instructions": "  Keep every file name.  "})):
+            ran = await run(runtime, [PTL, text_reply("Fixed.")], compactor=compactor, context_collapse=False, **extra)
+            assert ran.handle.transitions == ["reactive_compact_retry"] and ran.reason == "completed"
+    asked = [request.messages[-1]["content"] for request in (plain.requests[0], told.requests[0])]
+    texts = [c if isinstance(c, str) else c[-1]["text"] for c in asked]  # the last block: the prompt's merged before
+    assert texts[0] == COMPACT_INSTRUCTIONS
+    assert texts[1] == f"{COMPACT_INSTRUCTIONS}\n\nAdditional Instructions:\nKeep every file name."

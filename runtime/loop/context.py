@@ -35,6 +35,14 @@ COMPACT_INSTRUCTIONS = (
 )
 
 
+def compact_prompt(custom: str | None) -> str:
+    """The compaction request's last message: the instructions, and the host's own after them under
+    Claude Code's heading (`/compact <instructions>`, a CLAUDE.md's compact instructions)."""
+    if not custom or not custom.strip():
+        return COMPACT_INSTRUCTIONS
+    return f"{COMPACT_INSTRUCTIONS}\n\nAdditional Instructions:\n{custom.strip()}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ContextLimits:
     """A query's context window and its thresholds (made by the loop from validated options)."""

@@ -105,6 +105,9 @@ class QueryOptions(BaseModel):
     """Provider of the summaries; the main provider when None."""
     compact_provider: Provider = None
     """Provider of the compaction calls (made with `model`); the main provider when None."""
+    compact_instructions: str | None = None
+    """Added to every compaction request of the query, after the runtime's instructions, under "Additional
+    Instructions:" (Claude Code's `/compact <instructions>`): what the summary must keep, say."""
 
     # -- context management (defaults after Claude Code's; see runtime/loop/context.py) --
     reactive_compact: bool = True
