@@ -15,6 +15,7 @@ from loguru import logger
 from queryloop.runtime.errors import (
     ActorCrashed,
     BlockingCallOnTrioThread,
+    McpRequestFailed,
     McpServerUnavailable,
     NotInSession,
     NotInTrio,
@@ -114,6 +115,7 @@ __all__ = [
     "LoadedTranscript",
     "LocalMessagesAPI",
     "McpHttpServer",
+    "McpRequestFailed",
     "McpServerUnavailable",
     "McpStdioServer",
     "Message",

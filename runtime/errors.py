@@ -74,6 +74,11 @@ class McpServerUnavailable(QueryloopError):
     """
 
 
+class McpRequestFailed(QueryloopError):
+    """A host's request to an open MCP server (a prompt, say) failed: the server's error as it said it, or
+    a connection that failed (the server is restarted, or reached again, on next use)."""
+
+
 class ShardLost(QueryloopError):
     """The Ray shard that hosted this session died (or was restarted by Ray, empty): its open queries
     ended without a result. `await rt.resume(key, spec)` restores the session from its transcript on a

@@ -9,7 +9,7 @@ for the next recorded cancellation and returns what was recorded), `meet` (read-
 `count` callers of the same `group`, so only concurrent calls can succeed), `fail` (an `isError`
 result), `picture` (text and an image), `pid` (this process's id), `die` (kills this process) and, with
 `--grow`, `grow` (adds a tool and says the tools changed). Its resources: `notes://today` (text)
-and `pictures://pixel` (a PNG).
+and `pictures://pixel` (a PNG). Its prompt: `review` (`file`, and `focus`, "bugs" if not given).
 """
 
 from __future__ import annotations
@@ -130,6 +130,11 @@ def today() -> str:
 @server.resource("pictures://pixel", name="pixel", mime_type="image/png")
 def pixel_png() -> bytes:
     return base64.b64decode(PIXEL)
+
+
+@server.prompt(description="Review one file")
+def review(file: str, focus: str = "bugs") -> str:
+    return f"Review {file}, looking for {focus}."
 
 
 async def grow(name: str, ctx: Context) -> str:

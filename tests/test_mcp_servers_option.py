@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 import trio
 
-from queryloop import BlockingRuntime, McpStdioServer, QueryOptions, Runtime, ScriptedModel, UserMessage
+from queryloop import (
+    BlockingRuntime,
+    McpRequestFailed,
+    McpStdioServer,
+    QueryOptions,
+    Runtime,
+    ScriptedModel,
+    UserMessage,
+)
 from queryloop.aio import AsyncioRuntime
 from queryloop.runtime.host.aio_bridge import Mode
 from queryloop.runtime.mcp.resources import LIST_TOOL, READ_TOOL
@@ -169,3 +177,40 @@ def test_a_blocking_host_follows_an_mcp_servers_tools() -> None:
         assert session.query("Shout").wait().result == "Shouted."
         with pytest.raises(TimeoutError, match="did not list its tools again"):
             rt.mcp_tools_after("fx", now, timeout_s=0)  # nothing has changed since
+
+
+async def test_mcp_prompts_are_listed_and_filled_in_as_the_blocks_of_a_user_message() -> None:
+    async with Runtime.open() as runtime:
+        await runtime.open_mcp("fx", growing("auto"))
+        prompts = await runtime.mcp_prompts("fx")
+        assert [p["name"] for p in prompts] == ["review"] and prompts[0]["description"] == "Review one file"
+        assert {(a["name"], a["required"]) for a in prompts[0]["arguments"]} == {("file", True), ("focus", False)}
+        blocks = await runtime.mcp_prompt("fx", "review", {"file": "a.py"})
+        assert blocks == [{"type": "text", "text": "Review a.py, looking for bugs."}]
+        model = ScriptedModel([text_reply("Looks fine.")])
+        session = await runtime.open_session(QueryOptions(provider=model))
+        assert (await session.query(blocks).wait()).result == "Looks fine."
+        sent = model.requests[0].messages[-1]["content"]
+        assert {"type": "text", "text": "Review a.py, looking for bugs."} in sent
+        # The server's refusals, in its words (this one answers both with its generic internal error).
+        with pytest.raises(McpRequestFailed, match=r"^MCP server fx: .* \(error -?\d+\)$"):
+            await runtime.mcp_prompt("fx", "nope")
+        with pytest.raises(McpRequestFailed, match=r"^MCP server fx: .* \(error -?\d+\)$"):
+            await runtime.mcp_prompt("fx", "review")  # its required argument missing
+        # The connection survives the server's refusals: the next request is answered.
+        assert await runtime.mcp_prompt("fx", "review", {"file": "b.py", "focus": "typos"}) == [
+            {"type": "text", "text": "Review b.py, looking for typos."}
+        ]
+
+
+def test_the_asyncio_and_blocking_hosts_fill_in_mcp_prompts() -> None:
+    async def on_asyncio() -> list[Any]:
+        async with AsyncioRuntime.open() as rt:
+            await rt.open_mcp("fx", growing("auto"))
+            return [await rt.mcp_prompts("fx"), await rt.mcp_prompt("fx", "review", {"file": "a.py"})]
+
+    with BlockingRuntime() as rt:
+        rt.open_mcp("fx", growing("auto"))
+        blocking = [rt.mcp_prompts("fx"), rt.mcp_prompt("fx", "review", {"file": "a.py"})]
+    assert asyncio.run(on_asyncio()) == blocking
+    assert blocking[1] == [{"type": "text", "text": "Review a.py, looking for bugs."}]

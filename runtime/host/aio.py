@@ -152,6 +152,16 @@ class AsyncioRuntime:
         runtime = self._running()
         return await self._bridge.acall(lambda: runtime.mcp_tools_after(name, seen))
 
+    async def mcp_prompts(self, name: str) -> list[dict[str, Any]]:
+        """As `Runtime.mcp_prompts`."""
+        runtime = self._running()
+        return await self._bridge.acall(lambda: runtime.mcp_prompts(name))
+
+    async def mcp_prompt(self, name: str, prompt: str, arguments: dict[str, str] | None = None) -> list[Block]:
+        """As `Runtime.mcp_prompt`: the prompt filled in, as one user message's blocks for `session.query`."""
+        runtime = self._running()
+        return await self._bridge.acall(lambda: runtime.mcp_prompt(name, prompt, arguments))
+
     def _running(self) -> Runtime:
         runtime = self._bridge.runtime
         if runtime is None or self._bridge.closing:

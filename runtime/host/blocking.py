@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from queryloop.runtime.host.session import QueryHandle, Session
     from queryloop.runtime.kernel.messages import AbortAck, AbortReason
-    from queryloop.runtime.loop.events import QueryEvent, ResultMessage, TranscriptMessage
+    from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, TranscriptMessage
     from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.state import ContinueReason, Terminal
     from queryloop.runtime.loop.tools import Tool
@@ -146,6 +146,18 @@ class BlockingRuntime:
             msg = f"the MCP server {name!r} did not list its tools again within {timeout_s} s"
             raise TimeoutError(msg) from None
         return tools
+
+    def mcp_prompts(self, name: str) -> list[dict[str, Any]]:
+        """As `Runtime.mcp_prompts`."""
+        assert self._runtime is not None
+        prompts: list[dict[str, Any]] = self.call(self._runtime.mcp_prompts, name)
+        return prompts
+
+    def mcp_prompt(self, name: str, prompt: str, arguments: dict[str, str] | None = None) -> list[Block]:
+        """As `Runtime.mcp_prompt`: the prompt filled in, as one user message's blocks for `session.query`."""
+        assert self._runtime is not None
+        blocks: list[Block] = self.call(self._runtime.mcp_prompt, name, prompt, arguments)
+        return blocks
 
     def close(self) -> None:
         """Close every session (their queries are aborted) and stop the runtime's thread."""

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from pykka import ActorRef
 
+    from queryloop.runtime.loop.events import Block
     from queryloop.runtime.mcp.connection import McpConnection
 
 
@@ -273,6 +274,16 @@ class Runtime:
     async def mcp_tools_after(self, name: str, seen: list[Tool]) -> list[Tool]:
         """The tools of the MCP server `name` once listed again after `seen` (at once if they were)."""
         return await self._mcp_connection(name).tools_after(seen)
+
+    async def mcp_prompts(self, name: str) -> list[dict[str, Any]]:
+        """The prompts of the MCP server `name` (`name`, `description`, `arguments`); `McpRequestFailed`."""
+        return await self._mcp_connection(name).prompts()
+
+    async def mcp_prompt(self, name: str, prompt: str, arguments: dict[str, str] | None = None) -> list[Block]:
+        """The MCP server `name`'s prompt `prompt` filled in with `arguments`, as the content blocks of one
+        user message: `session.query(blocks)` sends it (Claude Code's `/mcp__server__prompt`).
+        `McpRequestFailed` with the server's words for an unknown prompt or a missing argument."""
+        return await self._mcp_connection(name).prompt(prompt, arguments)
 
     def _mcp_connection(self, name: str) -> McpConnection:
         connection = self._mcp.get(name)

@@ -39,12 +39,12 @@ from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, Implementation
+from mcp_types import CONNECTION_CLOSED, Implementation, PromptArgument
 from mcp_types import Tool as McpTool
 
-from queryloop.runtime.errors import McpServerUnavailable
+from queryloop.runtime.errors import McpRequestFailed, McpServerUnavailable
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
-from queryloop.runtime.mcp.content import error_text, resource_output, result_output, tool_name
+from queryloop.runtime.mcp.content import error_text, prompt_blocks, resource_output, result_output, tool_name
 from queryloop.runtime.mcp.servers import McpServer, McpStdioServer
 
 TOOLS_CHANGED = "notifications/tools/list_changed"
@@ -162,6 +162,50 @@ class McpConnection:
         except Exception as error:
             raise self._failed(link, "resources/read", error) from error
         return resource_output(uri, list(result.contents))
+
+    async def prompts(self) -> list[dict[str, Any]]:
+        """The server's prompts (every page): `name`, and `description` and `arguments` (each `name`,
+        `required`, and `description` when given) when it has them; [] from a server without prompts.
+        Raises `McpRequestFailed`."""
+        link = await self._requestable()
+        if link.client.server_capabilities.prompts is None:
+            return []
+        found: list[dict[str, Any]] = []
+        cursor: str | None = None
+        try:
+            for _ in range(LIST_PAGES):
+                page = await link.client.list_prompts(cursor=cursor)
+                for item in page.prompts:
+                    entry: dict[str, Any] = {"name": item.name}
+                    if item.description:
+                        entry["description"] = item.description
+                    if item.arguments:
+                        entry["arguments"] = [_argument(argument) for argument in item.arguments]
+                    found.append(entry)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+        except Exception as error:
+            raise McpRequestFailed(str(self._failed(link, "prompts/list", error))) from error
+        return found
+
+    async def prompt(self, name: str, arguments: dict[str, str] | None) -> list[dict[str, Any]]:
+        """The prompt `name` filled in with `arguments`: its messages' content as one user message's blocks
+        (`prompt_blocks`). Raises `McpRequestFailed` (an unknown prompt, a missing argument: the server's
+        words)."""
+        link = await self._requestable()
+        try:
+            result = await link.client.get_prompt(name, arguments)
+        except Exception as error:
+            raise McpRequestFailed(str(self._failed(link, f"prompts/get {name}", error))) from error
+        return prompt_blocks(list(result.messages))
+
+    async def _requestable(self) -> _Link:
+        """`_usable` for a host's own request: a server that cannot be reached is `McpRequestFailed`."""
+        try:
+            return await self._usable()
+        except ToolError as error:
+            raise McpRequestFailed(str(error)) from error
 
     # -- the tools' list ------------------------------------------------------------------
 
@@ -423,3 +467,10 @@ def _client_info() -> Implementation:
 
 
 _CLIENT = _client_info()
+
+
+def _argument(argument: PromptArgument) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": argument.name, "required": bool(argument.required)}
+    if argument.description:
+        entry["description"] = argument.description
+    return entry

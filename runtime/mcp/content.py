@@ -20,6 +20,7 @@ from mcp_types import (
     ContentBlock,
     EmbeddedResource,
     ImageContent,
+    PromptMessage,
     ResourceLink,
     TextContent,
     TextResourceContents,
@@ -74,6 +75,12 @@ def _blocks(item: ContentBlock) -> list[dict[str, Any]]:
         about = f": {item.description}" if item.description else ""
         return [{"type": "text", "text": f"[resource link {item.name} {item.uri}{about}]"}]
     return [_left_out(f"{getattr(item, 'type', type(item).__name__)} content")]
+
+
+def prompt_blocks(messages: list[PromptMessage]) -> list[dict[str, Any]]:
+    """A filled-in prompt's messages as the content blocks of one user message, in order (an assistant
+    message's too: Claude Code sends an MCP prompt as the user's turn)."""
+    return [block for message in messages for block in _blocks(message.content)]
 
 
 def resource_output(uri: str, contents: list[TextResourceContents | BlobResourceContents]) -> ToolOutput:
