@@ -23,7 +23,7 @@ through a bounded buffer the call's own task drains (late or surplus notificatio
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -135,23 +135,18 @@ class McpConnection:
         link = await self._usable()
         if link.client.server_capabilities.resources is None:
             return []
-        found: list[dict[str, Any]] = []
-        cursor: str | None = None
         try:
-            for _ in range(LIST_PAGES):
-                page = await link.client.list_resources(cursor=cursor)
-                for item in page.resources:
-                    entry = {"uri": str(item.uri), "name": item.name, "server": self.name}
-                    if item.mime_type:
-                        entry["mimeType"] = item.mime_type
-                    if item.description:
-                        entry["description"] = item.description
-                    found.append(entry)
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
+            listed = await _every_page(link.client.list_resources, "resources")
         except Exception as error:
             raise self._failed(link, "resources/list", error) from error
+        found: list[dict[str, Any]] = []
+        for item in listed:
+            entry = {"uri": str(item.uri), "name": item.name, "server": self.name}
+            if item.mime_type:
+                entry["mimeType"] = item.mime_type
+            if item.description:
+                entry["description"] = item.description
+            found.append(entry)
         return found
 
     async def read(self, uri: str) -> ToolOutput:
@@ -170,23 +165,18 @@ class McpConnection:
         link = await self._requestable()
         if link.client.server_capabilities.prompts is None:
             return []
-        found: list[dict[str, Any]] = []
-        cursor: str | None = None
         try:
-            for _ in range(LIST_PAGES):
-                page = await link.client.list_prompts(cursor=cursor)
-                for item in page.prompts:
-                    entry: dict[str, Any] = {"name": item.name}
-                    if item.description:
-                        entry["description"] = item.description
-                    if item.arguments:
-                        entry["arguments"] = [_argument(argument) for argument in item.arguments]
-                    found.append(entry)
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
+            listed = await _every_page(link.client.list_prompts, "prompts")
         except Exception as error:
             raise McpRequestFailed(str(self._failed(link, "prompts/list", error))) from error
+        found: list[dict[str, Any]] = []
+        for item in listed:
+            entry: dict[str, Any] = {"name": item.name}
+            if item.description:
+                entry["description"] = item.description
+            if item.arguments:
+                entry["arguments"] = [_argument(argument) for argument in item.arguments]
+            found.append(entry)
         return found
 
     async def prompt(self, name: str, arguments: dict[str, str] | None) -> list[dict[str, Any]]:
@@ -211,14 +201,7 @@ class McpConnection:
 
     async def _list(self, link: _Link) -> None:
         """List the server's tools (every page) into `tools`: a new list object."""
-        listed: list[McpTool] = []
-        cursor: str | None = None
-        for _ in range(LIST_PAGES):
-            page = await link.client.list_tools(cursor=cursor)
-            listed += page.tools
-            cursor = page.next_cursor
-            if cursor is None:
-                break
+        listed: list[McpTool] = await _every_page(link.client.list_tools, "tools")
         self.tools = [self._tool(item) for item in listed]
         self.has_resources = link.client.server_capabilities.resources is not None
         self._listed_on = link
@@ -474,3 +457,16 @@ def _argument(argument: PromptArgument) -> dict[str, Any]:
     if argument.description:
         entry["description"] = argument.description
     return entry
+
+
+async def _every_page(list_page: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
+    """The items (`field` of each page) of a paginated list request, page after page up to `LIST_PAGES`."""
+    items: list[Any] = []
+    cursor: str | None = None
+    for _ in range(LIST_PAGES):
+        page = await list_page(cursor=cursor)
+        items += getattr(page, field)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return items
