@@ -426,7 +426,50 @@ async def test_a_host_wide_budget_guard_caps_the_sum_over_sessions() -> None:
         assert ran_second.reason == "max_budget_usd"  # $0.60: the host's cap, not its own $10
         assert len(second_model.requests) == 1
         assert await host.proxy().session_cost_usd == pytest.approx(0.6, abs=1e-4)
+        assert await runtime.host_cost_usd() == pytest.approx(0.6, abs=1e-4)
         await assert_settled(ran_second)
+
+
+def test_the_asyncio_and_blocking_hosts_open_a_host_wide_budget_guard_too() -> None:
+    """The host budget from asyncio and from sync code: the second session's call passes the summed cap."""
+    import asyncio
+
+    from queryloop import BlockingRuntime
+    from queryloop.aio import AsyncioRuntime
+    from queryloop.runtime.loop.pricing import Pricing
+
+    price = Pricing(input=3.0, output=15.0, cache_write=3.75, cache_read=0.3)
+    usage = {"input_tokens": 100_000, "output_tokens": 0}  # $0.30 a call
+
+    def options() -> list[QueryOptions]:
+        replies = [[text_reply("one", usage=usage)], [tools_reply(tool_use("t", "read"), usage=usage), text_reply("x")]]
+        tools = [scripted_tool("read")]
+        return [QueryOptions(provider=ScriptedModel(r), pricing=price, max_budget_usd=10, tools=tools) for r in replies]
+
+    async def on_asyncio() -> tuple[list[str], float, float]:
+        async with AsyncioRuntime.open() as rt:
+            before = await rt.host_cost_usd()
+            await rt.open_host_budget(0.5)
+            reasons: list[str] = []
+            for opts in options():
+                query = (await rt.open_session(opts)).query("go")
+                await query.result()
+                assert query.terminal is not None
+                reasons.append(query.terminal.reason)
+            return reasons, before, await rt.host_cost_usd()
+
+    with BlockingRuntime() as rt:
+        rt.open_host_budget(0.5)
+        blocking: list[str] = []
+        for opts in options():
+            query = rt.open_session(opts).query("go")
+            query.wait()
+            assert query.terminal is not None
+            blocking.append(query.terminal.reason)
+        spent = rt.host_cost_usd()
+    reasons, before, spent_on_asyncio = asyncio.run(on_asyncio())
+    assert reasons == blocking == ["completed", "max_budget_usd"] and before == 0.0
+    assert spent == pytest.approx(0.6, abs=1e-4) and spent_on_asyncio == pytest.approx(0.6, abs=1e-4)
 
 
 async def test_compact_instructions_follow_the_runtimes_own_in_the_compaction_request() -> None:

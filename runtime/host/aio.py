@@ -162,6 +162,16 @@ class AsyncioRuntime:
         runtime = self._running()
         return await self._bridge.acall(lambda: runtime.mcp_prompt(name, prompt, arguments))
 
+    async def open_host_budget(self, max_budget_usd: float) -> None:
+        """As `Runtime.open_host_budget`: every session opened from now on counts toward one cap."""
+        runtime = self._running()
+        await self._bridge.acall(lambda: runtime.open_host_budget(max_budget_usd))
+
+    async def host_cost_usd(self) -> float:
+        """As `Runtime.host_cost_usd`: what the sessions under the host budget have spent so far."""
+        runtime = self._running()
+        return await self._bridge.acall(runtime.host_cost_usd)
+
     def _running(self) -> Runtime:
         runtime = self._bridge.runtime
         if runtime is None or self._bridge.closing:

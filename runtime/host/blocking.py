@@ -159,6 +159,17 @@ class BlockingRuntime:
         blocks: list[Block] = self.call(self._runtime.mcp_prompt, name, prompt, arguments)
         return blocks
 
+    def open_host_budget(self, max_budget_usd: float) -> None:
+        """As `Runtime.open_host_budget`: every session opened from now on counts toward one cap."""
+        assert self._runtime is not None
+        self.call(self._runtime.open_host_budget, max_budget_usd)
+
+    def host_cost_usd(self) -> float:
+        """As `Runtime.host_cost_usd`: what the sessions under the host budget have spent so far."""
+        assert self._runtime is not None
+        spent: float = self.call(self._runtime.host_cost_usd)
+        return spent
+
     def close(self) -> None:
         """Close every session (their queries are aborted) and stop the runtime's thread."""
         thread, stop = self._thread, self._stop

@@ -301,6 +301,13 @@ class Runtime:
         self.host_budget = group.spawn(BudgetGuard, max_budget_usd=max_budget_usd)
         return self.host_budget
 
+    async def host_cost_usd(self) -> float:
+        """What the sessions under the host budget have spent so far, in USD (0.0 without one)."""
+        if self.host_budget is None:
+            return 0.0
+        spent: float = await self.host_budget.proxy().session_cost_usd
+        return spent
+
     async def start_group(self, session_id: str | None = None) -> Supervisor:
         """Open an empty actor group for a session; `Supervisor.spawn` fills it."""
         session_id = session_id or self.new_session_id()
