@@ -61,7 +61,7 @@ class HostModelProvider:
 class _HostStream:
     """One call's stream: its asyncio task on the host's side, its buffer on the trio side."""
 
-    __slots__ = ("_bridge", "buffer", "cancelled", "end", "in_flight", "left", "room", "task", "waiter")
+    __slots__ = ("_bridge", "buffer", "end", "in_flight", "left", "room", "task", "waiter")
 
     def __init__(self, bridge: Bridge) -> None:
         self._bridge = bridge
@@ -76,13 +76,11 @@ class _HostStream:
         self.task: asyncio.Task[None] | None = None
         self.in_flight = 0
         self.room: asyncio.Event | None = None
-        self.cancelled = False
 
     # -- on the host's loop ------------------------------------------------------------------
 
     def start(self, provider: ModelProvider, request: ModelRequest) -> None:
-        if self.cancelled:
-            return
+        # Before any `cancel`: the host's queue is FIFO, and `leave` queues `cancel` after `stream` queued this.
         bridge = self._bridge
         task = bridge.loop.create_task(self._pump(provider, request), context=bridge.context.copy())
         self.task = task
@@ -109,7 +107,6 @@ class _HostStream:
             self.room = None
 
     def cancel(self) -> None:
-        self.cancelled = True
         if self.task is not None:
             self.task.cancel()
 
