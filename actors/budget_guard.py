@@ -101,12 +101,16 @@ class HostSpend(Message):
 
 def cost_usd(usage: Usage, price: Pricing) -> float:
     """USD for one call's usage at `price` (USD per million tokens)."""
-    return (
+    one_hour = usage.cache_creation_1h_input_tokens  # part of the cache writes, at their own price
+    cost = (
         usage.input_tokens * price.input
         + usage.output_tokens * price.output
-        + usage.cache_creation_input_tokens * price.cache_write
+        + (usage.cache_creation_input_tokens - one_hour) * price.cache_write
         + usage.cache_read_input_tokens * price.cache_read
-    ) / 1_000_000
+    )
+    if one_hour:
+        cost += one_hour * price.one_hour_cache_write
+    return cost / 1_000_000
 
 
 SpendAbove = Callable[[Usage, float], bool]

@@ -139,6 +139,7 @@ def test_model_dump_is_a_new_tree_and_model_validate_reads_it_back() -> None:
             "output_tokens": 0,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
+            "cache_creation_1h_input_tokens": 0,
         },
         "is_api_error": False,
         "parent_tool_use_id": None,

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from queryloop.runtime.errors import QueryloopError
 from queryloop.runtime.host.runtime import Runtime
-from queryloop.runtime.loop.events import QueryEvent, StreamEvent, UserMessage
+from queryloop.runtime.loop.events import QueryEvent, StreamEvent, Usage, UserMessage
 from queryloop.runtime.loop.hooks import HookDecision, PostToolUseInput, StopHookInput
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
@@ -304,7 +304,7 @@ def _verdict(
             "is_error": result.is_error,
             "num_turns": result.num_turns,
             "total_cost_usd": round(result.total_cost_usd, 6),
-            "usage": result.usage.model_dump(),
+            "usage": _verdict_usage(result.usage),
         },
         "events": labels,
         "model_calls": len(model.requests),
@@ -321,3 +321,11 @@ def run_scenario_file(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     """Parse and run a scenario in its own trio run (what the CLI calls)."""
     scenario = load_scenario(source)
     return trio.run(run_scenario, scenario)
+
+
+def _verdict_usage(usage: Usage) -> dict[str, Any]:
+    """The result's usage as SCENARIOS.md spells it (its four counts), and the one-hour cache writes when any."""
+    dumped = usage.model_dump()
+    if not dumped["cache_creation_1h_input_tokens"]:
+        del dumped["cache_creation_1h_input_tokens"]
+    return dumped

@@ -122,28 +122,35 @@ class Event(Model):
 
 @record
 class Usage(Model):
-    """The four token counts the API reports; accumulated per call and per query."""
+    """The token counts the API reports; accumulated per call and per query."""
 
     __pydantic_config__ = ConfigDict(extra="ignore")  # its own, or an event's "forbid" would apply inside one
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
+    """Every token written to the cache, whatever its lifetime (the API's own total)."""
     cache_read_input_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0
+    """Of `cache_creation_input_tokens`, those written to the one-hour cache, priced higher than the
+    five-minute one's (the API's `cache_creation.ephemeral_1h_input_tokens`)."""
 
     def __add__(self, other: Usage) -> Usage:
-        return usage_of(
+        one_hour = self.cache_creation_1h_input_tokens + other.cache_creation_1h_input_tokens
+        total = usage_of(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
             self.cache_creation_input_tokens + other.cache_creation_input_tokens,
             self.cache_read_input_tokens + other.cache_read_input_tokens,
         )
+        return dataclasses.replace(total, cache_creation_1h_input_tokens=one_hour) if one_hour else total
 
 
 usage_of: Callable[[int, int, int, int], Usage] = maker(
     Usage, "input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"
 )
-"""`Usage` from its four counts, in the order of its fields, made a third cheaper (several per model call)."""
+"""`Usage` from its first four counts, in the order of its fields (no one-hour cache writes), made a third
+cheaper (several per model call)."""
 
 
 # -- transcript messages ------------------------------------------------------------

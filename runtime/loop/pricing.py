@@ -21,7 +21,15 @@ class Pricing(BaseModel):
     input: float
     output: float
     cache_write: float
+    """A write to the five-minute cache (the API's default lifetime)."""
     cache_read: float
+    cache_write_1h: float | None = None
+    """A write to the one-hour cache; None: twice `input`, the API's multiplier for every model listed."""
+
+    @property
+    def one_hour_cache_write(self) -> float:
+        """The price of a one-hour cache write: `cache_write_1h`, or twice `input`."""
+        return 2 * self.input if self.cache_write_1h is None else self.cache_write_1h
 
 
 class UnknownModelPrice(QueryloopError, ValueError):

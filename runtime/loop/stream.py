@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from queryloop.runtime.loop.events import Block, Usage, usage_of
@@ -54,6 +54,7 @@ class ResponseAssembler:
     _output_tokens: int = 0
     _cache_creation_input_tokens: int = 0
     _cache_read_input_tokens: int = 0
+    _cache_creation_1h_input_tokens: int = 0
     """The usage counts as the stream reports them: plain ints, a `Usage` is made only when `usage` is read."""
     _usage: Usage | None = field(default=None, compare=False)
     _open: dict[int, Block] = field(default_factory=dict)
@@ -94,6 +95,7 @@ class ResponseAssembler:
             self.model = message.get("model", "")
             self._input_tokens = self._output_tokens = 0
             self._cache_creation_input_tokens = self._cache_read_input_tokens = 0
+            self._cache_creation_1h_input_tokens = 0
             self._count(message.get("usage") or {})
         elif kind == "message_delta":
             delta = event.get("delta") or {}
@@ -115,6 +117,8 @@ class ResponseAssembler:
                 self._cache_creation_input_tokens,
                 self._cache_read_input_tokens,
             )
+            if one_hour := self._cache_creation_1h_input_tokens:
+                usage = self._usage = replace(usage, cache_creation_1h_input_tokens=one_hour)
         return usage
 
     def _count(self, raw: dict[str, Any]) -> None:
@@ -123,6 +127,8 @@ class ResponseAssembler:
         self._output_tokens = raw.get("output_tokens") or self._output_tokens
         self._cache_creation_input_tokens = raw.get("cache_creation_input_tokens") or self._cache_creation_input_tokens
         self._cache_read_input_tokens = raw.get("cache_read_input_tokens") or self._cache_read_input_tokens
+        if creation := raw.get("cache_creation"):
+            self._cache_creation_1h_input_tokens = one_hour_writes(creation) or self._cache_creation_1h_input_tokens
         self._usage = None
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
@@ -201,7 +207,18 @@ def usage_from(raw: dict[str, Any], previous: Usage) -> Usage:
         output_tokens=raw.get("output_tokens") or previous.output_tokens,
         cache_creation_input_tokens=raw.get("cache_creation_input_tokens") or previous.cache_creation_input_tokens,
         cache_read_input_tokens=raw.get("cache_read_input_tokens") or previous.cache_read_input_tokens,
+        cache_creation_1h_input_tokens=one_hour_writes(raw.get("cache_creation"))
+        or previous.cache_creation_1h_input_tokens,
     )
+
+
+def one_hour_writes(creation: Any) -> int:
+    """The one-hour cache writes of a usage's `cache_creation` breakdown (`{"ephemeral_5m_input_tokens": …,
+    "ephemeral_1h_input_tokens": …}`); 0 where it is missing or not an object."""
+    if creation.__class__ is not dict:
+        return 0
+    count: int = creation.get("ephemeral_1h_input_tokens") or 0
+    return count
 
 
 async def complete_text(provider: ModelProvider, request: ModelRequest) -> tuple[str, Usage]:

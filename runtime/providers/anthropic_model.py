@@ -43,7 +43,10 @@ The tools, the system prompt and the conversation up to it are written to the ca
 request (the same prefix, one turn longer) reads them at the cache-read price (a tenth of the input
 price or less), as the usage's `cache_read_input_tokens` shows. The loop rewrites no message it has
 sent except when it compacts, so from one turn to the next the prefix stays byte for byte the same.
-`prompt_caching=False` sends no marker.
+`prompt_caching=False` sends no marker. `cache_ttl="1h"` asks for the one-hour cache instead (as Claude
+Code does where it is allowed): a write there costs twice the input price, against 1.25 times for five
+minutes, and the usage's `cache_creation` breakdown says which was written; the runtime prices each at its
+rate (`Pricing.cache_write`, `Pricing.one_hour_cache_write`).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import email.utils
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
 
@@ -95,8 +98,12 @@ STATUS_OF_ERROR_TYPE: dict[str, int] = {
 
 TASK_BUDGETS_BETA = "task-budgets-2026-03-13"
 
-_EPHEMERAL: CacheControlEphemeralParam = {"type": "ephemeral"}
-"""The request's top-level cache marker: the API puts it on the last cacheable block (five minutes)."""
+_CACHE_MARKERS: dict[str, CacheControlEphemeralParam] = {
+    "5m": {"type": "ephemeral"},
+    "1h": {"type": "ephemeral", "ttl": "1h"},
+}
+"""The request's top-level cache marker by lifetime: the API puts it on the last cacheable block (five
+minutes unless it says `ttl`)."""
 
 # Closing must finish even when the consumer was cancelled (that is when it matters most), but a
 # wedged transport must not hold the cancelled task forever either.
@@ -119,6 +126,7 @@ class AnthropicModel:
         max_retries: int = 0,
         timeout: float = 600.0,
         prompt_caching: bool = True,
+        cache_ttl: Literal["5m", "1h"] = "5m",
     ) -> None:
         # The key goes straight into the client and is not kept here, so no attribute of this
         # object (and no repr of one) can leak it.
@@ -130,7 +138,11 @@ class AnthropicModel:
                 api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
             )
         self._client = client
+        if cache_ttl not in _CACHE_MARKERS:
+            msg = f"cache_ttl must be '5m' or '1h', not {cache_ttl!r}"
+            raise ValueError(msg)
         self.prompt_caching = prompt_caching
+        self.cache_ttl = cache_ttl
 
     def __repr__(self) -> str:
         client = self._client
@@ -178,7 +190,7 @@ class AnthropicModel:
                 system=cast("list[TextBlockParam]", request.system) if request.system else omit,
                 tools=cast("list[ToolUnionParam]", request.tools) if request.tools else omit,
                 thinking=cast("ThinkingConfigParam", request.thinking) if request.thinking else omit,
-                cache_control=_EPHEMERAL if self.prompt_caching else omit,
+                cache_control=_CACHE_MARKERS[self.cache_ttl] if self.prompt_caching else omit,
                 extra_headers=extra_headers,
                 extra_body=extra_body or None,
             )

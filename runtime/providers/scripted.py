@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, model_validator
 
 from queryloop.runtime.loop.json_text import dumps
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelRequest
@@ -56,6 +56,19 @@ class ScriptedUsage(_Strict):
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0
+    """Of `cache_creation_input_tokens`, those written to the one-hour cache (streamed in the API's
+    `cache_creation` breakdown)."""
+
+    @model_validator(mode="after")
+    def _one_hour_writes_are_cache_writes(self) -> Self:
+        if self.cache_creation_1h_input_tokens > self.cache_creation_input_tokens:
+            msg = (
+                f"cache_creation_1h_input_tokens ({self.cache_creation_1h_input_tokens}) is part of "
+                f"cache_creation_input_tokens ({self.cache_creation_input_tokens}) and cannot exceed it"
+            )
+            raise ValueError(msg)
+        return self
 
 
 class ScriptedReply(_Strict):
@@ -117,6 +130,12 @@ def reply_events(reply: ScriptedReply, *, model: str, message_id: str, input_tok
             },
         }
     ]
+    if one_hour := usage.cache_creation_1h_input_tokens:
+        five_minutes = usage.cache_creation_input_tokens - one_hour
+        events[0]["message"]["usage"]["cache_creation"] = {
+            "ephemeral_5m_input_tokens": five_minutes,
+            "ephemeral_1h_input_tokens": one_hour,
+        }
     last = len(reply.content) - 1
     for index, block in enumerate(reply.content):
         _add_block_events(events, index, block, cut=reply.truncate_last_block and index == last)
