@@ -68,6 +68,7 @@ from queryloop.runtime.loop.pricing import Pricing
 from queryloop.runtime.loop.state import ContinueReason, Terminal, TerminalReason
 from queryloop.runtime.loop.tools import Allow, CanUseTool, Deny, PermissionResult, Tool, ToolContext, ToolError, tool
 from queryloop.runtime.loop.transcript import transcript_problems
+from queryloop.runtime.mcp.elicitation import McpElicitation, McpElicitationAnswer
 from queryloop.runtime.mcp.servers import McpHttpServer, McpStdioServer
 from queryloop.runtime.providers.anthropic_model import AnthropicModel
 from queryloop.runtime.providers.local_api import LocalMessagesAPI
@@ -114,6 +115,8 @@ __all__ = [
     "HookDecision",
     "LoadedTranscript",
     "LocalMessagesAPI",
+    "McpElicitation",
+    "McpElicitationAnswer",
     "McpHttpServer",
     "McpRequestFailed",
     "McpServerUnavailable",

@@ -7,8 +7,9 @@ Its tools: `echo` (fast), `slow` (reports progress, then returns, or waits to be
 records a cancellation and whether `notifications/cancelled` asked for it), `cancellations` (waits
 for the next recorded cancellation and returns what was recorded), `meet` (read-only: waits for
 `count` callers of the same `group`, so only concurrent calls can succeed), `fail` (an `isError`
-result), `picture` (text and an image), `pid` (this process's id), `die` (kills this process) and, with
-`--grow`, `grow` (adds a tool and says the tools changed). Its resources: `notes://today` (text)
+result), `picture` (text and an image), `pid` (this process's id), `die` (kills this process), `erase`
+(asks the user, by elicitation, to confirm before it answers) and, with `--grow`, `grow` (adds a tool and
+says the tools changed). Its resources: `notes://today` (text)
 and `pictures://pixel` (a PNG). Its prompt: `review` (`file`, and `focus`, "bugs" if not given).
 """
 
@@ -19,13 +20,23 @@ import os
 import signal
 import socket
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import (
+    AcceptedElicitation,
+    CancelledElicitation,
+    Context,
+    DeclinedElicitation,
+    Elicit,
+    ElicitationResult,
+    MCPServer,
+    Resolve,
+)
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ImageContent, TextContent, ToolAnnotations
+from pydantic import BaseModel
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -120,6 +131,30 @@ def die() -> str:
     """Kill this server process at once, mid-call."""
     os.kill(os.getpid(), signal.SIGKILL)
     return "unreachable"
+
+
+class Confirmation(BaseModel):
+    sure: bool
+    why: str = ""
+
+
+def confirm_erase(path: str) -> Elicit[Confirmation]:
+    return Elicit(f"Erase {path}?", Confirmation)
+
+
+@server.tool()
+async def erase(path: str, answer: Annotated[ElicitationResult[Confirmation], Resolve(confirm_erase)]) -> str:
+    """Erase `path` once the user confirms it (asked by elicitation); says what the user answered."""
+    match answer:
+        case AcceptedElicitation(data=Confirmation(sure=True, why=why)):
+            return f"erased {path} ({why})"
+        case AcceptedElicitation():
+            return f"kept {path}"
+        case DeclinedElicitation():
+            return f"declined: {path} kept"
+        case CancelledElicitation():
+            return f"cancelled: {path} kept"
+    raise ToolError(f"unexpected answer {answer!r}")
 
 
 @server.resource("notes://today", name="today", description="Today's notes", mime_type="text/plain")

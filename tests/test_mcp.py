@@ -152,7 +152,8 @@ async def test_mcp_tools_join_a_session_as_mcp__server__tool_with_the_schema_as_
         tools = await runtime.open_mcp("fx", STDIO)
         by_name = {t.name: t for t in tools}
         assert set(by_name) == {
-            f"mcp__fx__{name}" for name in ("echo", "slow", "cancellations", "meet", "fail", "picture", "pid", "die")
+            f"mcp__fx__{name}"
+            for name in ("echo", "slow", "cancellations", "meet", "fail", "picture", "pid", "die", "erase")
         }
         echo = by_name["mcp__fx__echo"]
         assert echo.api_schema() == {

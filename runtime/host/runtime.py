@@ -24,6 +24,7 @@ from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import LoadedTranscript, load_transcript, open_log
 from queryloop.runtime.loop.tools import Tool
+from queryloop.runtime.mcp.elicitation import ElicitationHandler
 from queryloop.runtime.mcp.resources import resource_tools
 from queryloop.runtime.mcp.servers import McpServer
 
@@ -229,13 +230,17 @@ class Runtime:
             if not self._detached:
                 self._detached_ended.unpark_all()
 
-    async def open_mcp(self, name: str, server: McpServer) -> list[Tool]:
+    async def open_mcp(
+        self, name: str, server: McpServer, *, on_elicitation: ElicitationHandler | None = None
+    ) -> list[Tool]:
         """Connect an MCP server for every session of this runtime; returns its tools, for `QueryOptions.tools`.
 
         One client per server per runtime: every session given these tools calls through it. They are
         named `mcp__<name>__<tool>`, with the server's input schema as is; `readOnlyHint` makes one
         concurrency-safe. A server that dies gives error results and is restarted on next use; the
         runtime's close stops it. `McpServerUnavailable` if it cannot be started or listed now.
+        `on_elicitation` answers the server's requests for the user's input during its calls
+        (`queryloop.runtime.mcp.elicitation`); without it they are refused.
         Needs the `mcp` extra (`pip install 'queryloop[mcp]'`).
         """
         if name in self._mcp:
@@ -248,7 +253,7 @@ class Runtime:
                 raise
             msg = "MCP servers need the mcp extra: pip install 'queryloop[mcp]'"
             raise ModuleNotFoundError(msg, name=error.name) from error
-        connection = self._mcp[name] = McpConnection(name, server, self._nursery)
+        connection = self._mcp[name] = McpConnection(name, server, self._nursery, on_elicitation)
         try:
             return await connection.open()
         except BaseException:

@@ -25,32 +25,45 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from types import TracebackType
 from typing import Any
 
-import anyio
 import httpx2
 import trio
 from loguru import logger
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
-from mcp.client.session import IncomingMessage
+from mcp.client.session import ClientRequestContext, IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
-from mcp.shared.message import SessionMessage
-from mcp_types import CONNECTION_CLOSED, Implementation, PromptArgument
+from mcp_types import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    ElicitRequestFormParams,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
+    Implementation,
+    PromptArgument,
+)
 from mcp_types import Tool as McpTool
 
 from queryloop.runtime.errors import McpRequestFailed, McpServerUnavailable
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
+from queryloop.runtime.mcp._watched import WatchedStream
 from queryloop.runtime.mcp.content import error_text, prompt_blocks, resource_output, result_output, tool_name
+from queryloop.runtime.mcp.elicitation import ElicitationHandler, McpElicitation, McpElicitationAnswer
 from queryloop.runtime.mcp.servers import McpServer, McpStdioServer
 
 TOOLS_CHANGED = "notifications/tools/list_changed"
 
 PROGRESS_BUFFER = 64
 """Progress notifications buffered for one call while its consumer is slow; more are dropped."""
+
+_CALLING: ContextVar[str] = ContextVar("queryloop_mcp_tool_use_id")
+"""The tool_use_id of the MCP call the current task makes: an elicitation answered in the call's own tasks
+(the 2026-07-28 protocol's `input_required`) is told which call asked."""
 
 LIST_PAGES = 100
 """At most this many pages of `tools/list` (a server whose cursor never ends cannot hang `open`)."""
@@ -68,9 +81,12 @@ class _Link:
 class McpConnection:
     """The runtime's client of one MCP server: `open` once, then `call` from any session's tools."""
 
-    def __init__(self, name: str, server: McpServer, nursery: trio.Nursery) -> None:
+    def __init__(
+        self, name: str, server: McpServer, nursery: trio.Nursery, on_elicitation: ElicitationHandler | None = None
+    ) -> None:
         self.name = name
         self.server = server
+        self.on_elicitation = on_elicitation
         self._nursery = nursery
         self._link: _Link | None = None
         self._connecting = trio.Lock()
@@ -117,11 +133,13 @@ class McpConnection:
         outcome: Any
         async with trio.open_nursery() as nursery:  # nothing but Cancelled may leave it (no exception group)
             nursery.start_soon(_forward_progress, received, context)
+            calling = _CALLING.set(context.tool_use_id)
             try:
                 outcome = await link.client.call_tool(tool, arguments, progress_callback=on_progress)
             except Exception as error:  # noqa: BLE001 - any failure of the call is an error result (`_failed`)
                 outcome = error
             finally:
+                _CALLING.reset(calling)
                 sending.close()  # the forwarder sends what is buffered, then ends
         if isinstance(outcome, Exception):
             raise self._failed(link, tool, outcome)
@@ -260,6 +278,24 @@ class McpConnection:
             self._legacy_changed.set()
         await trio.lowlevel.checkpoint()
 
+    async def _elicit(self, context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+        """The SDK's elicitation callback: the server's request to the host's handler, its answer back."""
+        handler = self.on_elicitation
+        assert handler is not None, "the callback is only given with a handler"
+        asked = {"server": self.name, "message": params.message, "tool_use_id": _CALLING.get(None)}
+        if isinstance(params, ElicitRequestFormParams):
+            schema = dict(params.requested_schema)
+            request = McpElicitation(**asked, requested_schema=schema)
+        else:
+            request = McpElicitation(**asked, mode="url", url=params.url)
+        try:
+            answer = McpElicitationAnswer.model_validate(await handler(request))
+        except Exception as error:  # noqa: BLE001 - the server gets an error answer; its call decides what follows
+            self.log.warning("MCP server {}: the elicitation handler failed: {}", self.name, describe(error))
+            return ErrorData(code=INTERNAL_ERROR, message=f"the client's elicitation handler failed: {describe(error)}")
+        self.log.info("MCP server {}: elicitation answered {}", self.name, answer.action)
+        return ElicitResult(action=answer.action, content=answer.content)
+
     # -- the connection's life --------------------------------------------------------------
 
     async def _usable(self) -> _Link:
@@ -300,6 +336,7 @@ class McpConnection:
                         cache=None,
                         client_info=_CLIENT,
                         message_handler=self._on_message,
+                        elicitation_callback=None if self.on_elicitation is None else self._elicit,
                         mode=self.server.protocol,
                     ) as client,
                     trio.open_nursery() as watcher,
@@ -324,23 +361,23 @@ class McpConnection:
             self.log.warning("MCP server {} closed the connection; {}", self.name, self._again)
 
     @asynccontextmanager
-    async def _transport(self, ended: trio.Event) -> AsyncIterator[tuple[_WatchedStream, Any]]:
+    async def _transport(self, ended: trio.Event) -> AsyncIterator[tuple[WatchedStream, Any]]:
         server = self.server
         if isinstance(server, McpStdioServer):
             command, *args = server.command
             parameters = StdioServerParameters(command=command, args=args, env=server.env, cwd=server.cwd)
             async with stdio_client(parameters) as (read, write):
-                yield _WatchedStream(read, ended), write
+                yield WatchedStream(read, ended), write
         elif server.headers is None:
             async with streamable_http_client(server.url) as (read, write):
-                yield _WatchedStream(read, ended), write
+                yield WatchedStream(read, ended), write
         else:
             timeout = httpx2.Timeout(30.0, read=300.0)  # the SDK's own client's timeouts
             async with (
                 httpx2.AsyncClient(headers=server.headers, timeout=timeout) as http,
                 streamable_http_client(server.url, http_client=http) as (read, write),
             ):
-                yield _WatchedStream(read, ended), write
+                yield WatchedStream(read, ended), write
 
     def _failed(self, link: _Link, tool: str, error: Exception) -> ToolError:
         """A call that raised: the server's error as it said it, or a connection that failed (ended here)."""
@@ -377,43 +414,6 @@ class McpConnection:
     def _describe_server(self) -> str:
         server = self.server
         return " ".join(server.command) if isinstance(server, McpStdioServer) else server.url
-
-
-class _WatchedStream:
-    """A transport's read stream that sets `ended` once it is exhausted or closed: the server's side closed."""
-
-    def __init__(self, stream: Any, ended: trio.Event) -> None:
-        self._stream = stream
-        self._ended = ended
-
-    async def receive(self) -> SessionMessage | Exception:
-        try:
-            item: SessionMessage | Exception = await self._stream.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._ended.set()
-            raise
-        return item
-
-    async def aclose(self) -> None:
-        self._ended.set()
-        await self._stream.aclose()
-
-    def __aiter__(self) -> _WatchedStream:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _WatchedStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, exc_tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 async def _forward_progress(received: trio.MemoryReceiveChannel[dict[str, Any]], context: ToolContext) -> None:
