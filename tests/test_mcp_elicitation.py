@@ -8,19 +8,25 @@ Either way the host's `on_elicitation` handler answers it.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import pytest
 import trio
 
 from queryloop import (
+    BlockingRuntime,
     McpElicitation,
     McpElicitationAnswer,
     McpStdioServer,
     QueryOptions,
     Runtime,
     ScriptedModel,
+    UserMessage,
 )
+from queryloop.aio import AsyncioRuntime
+from queryloop.runtime.host.aio_bridge import Mode
 from tests.helpers import log_records, text_reply, tool_use, tools_reply
 from tests.test_mcp import STDIO, WAIT_S, ask, result_of
 
@@ -136,3 +142,94 @@ async def test_an_abort_cancels_a_waiting_elicitation_handler_and_the_server_sta
         assert events[-1].label == "result"
         after = await ask(runtime, tools, tool_use("p1", "mcp__fx__pid"))
     assert not result_of(after, "p1")[1]
+
+
+def erase_then_done() -> ScriptedModel:
+    return ScriptedModel([tools_reply(tool_use("e1", ERASE, {"path": "a.txt"})), text_reply("Done.")])
+
+
+def erase_result(events: list[Any]) -> tuple[Any, bool]:
+    results = [b for e in events if isinstance(e, UserMessage) for b in e.content if isinstance(b, dict)]
+    [block] = [b for b in results if b.get("tool_use_id") == "e1"]
+    return block["content"], block["is_error"]
+
+
+@pytest.mark.parametrize("mode", ["guest", "thread"])
+def test_an_asyncio_hosts_elicitation_handler_runs_on_its_own_loop(mode: Mode) -> None:
+    async def main() -> None:
+        host_loop = asyncio.get_running_loop()
+        ran_on: list[object] = []
+
+        async def confirm(request: McpElicitation) -> McpElicitationAnswer:
+            ran_on.append(asyncio.get_running_loop())
+            await asyncio.sleep(0)  # a host's own asyncio objects are usable here
+            return McpElicitationAnswer(action="accept", content={"sure": True, "why": request.server})
+
+        async with AsyncioRuntime.open(mode=mode) as rt:
+            tools = await rt.open_mcp("fx", STDIO, on_elicitation=confirm)
+            session = await rt.open_session(QueryOptions(provider=erase_then_done(), tools=tools))
+            query = session.query("Go")
+            async with asyncio.timeout(WAIT_S), query:
+                events = [event async for event in query]
+        assert erase_result(events) == ("erased a.txt (fx)", False)
+        assert ran_on == [host_loop]
+
+    asyncio.run(main())
+
+
+def test_an_abort_cancels_an_asyncio_hosts_waiting_elicitation_handler() -> None:
+    async def main() -> None:
+        entered = asyncio.Event()
+        unwound: list[str] = []
+
+        async def wait_for_a_person(request: McpElicitation) -> McpElicitationAnswer:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                unwound.append(request.message)
+                raise
+            raise AssertionError  # unreachable
+
+        async with AsyncioRuntime.open() as rt:
+            tools = await rt.open_mcp("fx", STDIO, on_elicitation=wait_for_a_person)
+            session = await rt.open_session(QueryOptions(provider=erase_then_done(), tools=tools))
+            query = session.query("Go")
+            async with asyncio.timeout(WAIT_S), query:
+                await entered.wait()
+                await session.abort("user")
+                events = [event async for event in query]
+            assert query.terminal is not None and query.terminal.reason == "aborted_tools"
+            assert events[-1].label == "result"
+            assert unwound == ["Erase a.txt?"]
+            assert rt.host_tasks == 0 and session.live_tasks() == 0
+
+    asyncio.run(main())
+
+
+def test_a_blocking_hosts_elicitation_handler_runs_on_a_worker_thread_and_an_abort_stops_waiting_for_it() -> None:
+    threads: list[int] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def confirm(request: McpElicitation) -> McpElicitationAnswer:
+        threads.append(threading.get_ident())
+        if request.message == "Erase slow.txt?":
+            entered.set()
+            release.wait(WAIT_S)  # a person who does not answer until the query is aborted
+        return McpElicitationAnswer(action="accept", content={"sure": True, "why": "asked"})
+
+    with BlockingRuntime() as rt:
+        tools = rt.open_mcp("fx", STDIO, on_elicitation=confirm)
+        session = rt.open_session(QueryOptions(provider=erase_then_done(), tools=tools))
+        assert erase_result(list(session.query("Go"))) == ("erased a.txt (asked)", False)
+
+        slow = ScriptedModel([tools_reply(tool_use("e1", ERASE, {"path": "slow.txt"})), text_reply("never")])
+        session = rt.open_session(QueryOptions(provider=slow, tools=tools))
+        query = session.query("Go")
+        assert entered.wait(WAIT_S)
+        session.abort("user")
+        events = list(query)
+        assert query.terminal is not None and query.terminal.reason == "aborted_tools"
+        assert events[-1].label == "result" and rt.call_sync(session.session.live_tasks) == 0
+        release.set()
+    assert len(threads) == 2 and threading.get_ident() not in threads

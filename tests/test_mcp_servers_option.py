@@ -165,6 +165,27 @@ def test_an_asyncio_host_opens_an_mcp_server_and_follows_its_tools(mode: Mode) -
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("mode", ["guest", "thread"])
+def test_an_asyncio_host_calls_the_mcp_tools_open_mcp_returned(mode: Mode) -> None:
+    """The tools `open_mcp` returns, given as `QueryOptions.tools`, call through the runtime's trio client:
+    the asyncio host does not move them to its own loop, as it does the host's unmarked async tools."""
+
+    async def main() -> None:
+        async with AsyncioRuntime.open(mode=mode) as rt:
+            tools = await rt.open_mcp("fx", growing("auto"))
+            assert {t.runs_on for t in tools} == {"trio"}
+            model = ScriptedModel([tools_reply(tool_use("e1", "mcp__fx__echo", {"text": "hi"})), text_reply("Done.")])
+            session = await rt.open_session(QueryOptions(provider=model, tools=tools))
+            query = session.query("Echo")
+            async with asyncio.timeout(WAIT_S), query:
+                events = [event async for event in query]
+            results = [b for e in events if isinstance(e, UserMessage) for b in e.content if isinstance(b, dict)]
+            assert {"type": "tool_result", "tool_use_id": "e1", "content": "hi", "is_error": False} in results
+            assert rt.host_tasks == 0
+
+    asyncio.run(main())
+
+
 def test_a_blocking_host_follows_an_mcp_servers_tools() -> None:
     with BlockingRuntime() as rt:
         first = rt.open_mcp("fx", growing("auto"))

@@ -48,7 +48,7 @@ from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.tools import Tool
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
     from pathlib import Path
     from types import TracebackType
 
@@ -57,7 +57,10 @@ if TYPE_CHECKING:
     from queryloop.runtime.kernel.messages import AbortAck, AbortReason
     from queryloop.runtime.loop.events import Block, QueryEvent, TranscriptMessage
     from queryloop.runtime.loop.state import ContinueReason, Terminal
+    from queryloop.runtime.mcp.elicitation import McpElicitation, McpElicitationAnswer
     from queryloop.runtime.mcp.servers import McpServer
+
+    AsyncioElicitationHandler = Callable[[McpElicitation], Awaitable[McpElicitationAnswer]]
 
 
 _HOSTED_FIELDS = (
@@ -138,10 +141,15 @@ class AsyncioRuntime:
         """Asyncio tasks of tools running now."""
         return len(self._bridge.host_tasks)
 
-    async def open_mcp(self, name: str, server: McpServer) -> list[Tool]:
-        """As `Runtime.open_mcp`: the server's one client lives in the trio run, for every session."""
+    async def open_mcp(
+        self, name: str, server: McpServer, *, on_elicitation: AsyncioElicitationHandler | None = None
+    ) -> list[Tool]:
+        """As `Runtime.open_mcp`: the server's one client lives in the trio run, for every session.
+        `on_elicitation`, an asyncio coroutine function, answers the server's requests for the user's input
+        on this loop (as a hook does: an abort of the call that asked cancels it here)."""
         runtime = self._running()
-        return await self._bridge.acall(lambda: runtime.open_mcp(name, server))
+        handler = None if on_elicitation is None else host_callback(self._bridge, on_elicitation)
+        return await self._bridge.acall(lambda: runtime.open_mcp(name, server, on_elicitation=handler))
 
     def mcp_tools(self, name: str) -> list[Tool]:
         """As `Runtime.mcp_tools`: the server's tools as last listed."""

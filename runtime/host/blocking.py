@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.state import ContinueReason, Terminal
     from queryloop.runtime.loop.tools import Tool
+    from queryloop.runtime.mcp.elicitation import ElicitationHandler, McpElicitation, McpElicitationAnswer
     from queryloop.runtime.mcp.servers import McpServer
 
 T = TypeVar("T")
@@ -118,11 +119,23 @@ class BlockingRuntime:
         )
         return BlockingSession(self, session)
 
-    def open_mcp(self, name: str, server: McpServer) -> list[Tool]:
-        """As `Runtime.open_mcp`: the server's one client lives on the runtime's thread, for every session."""
+    def open_mcp(
+        self,
+        name: str,
+        server: McpServer,
+        *,
+        on_elicitation: Callable[[McpElicitation], McpElicitationAnswer] | None = None,
+    ) -> list[Tool]:
+        """As `Runtime.open_mcp`: the server's one client lives on the runtime's thread, for every session.
+
+        `on_elicitation`, a plain function, answers the server's requests for the user's input; it runs on a
+        worker thread, so it may block (on a prompt, a queue). An abort of the call that asked stops waiting
+        for it at once: its answer, when it comes, is dropped.
+        """
         assert self._runtime is not None
         runtime = self._runtime
-        tools: list[Tool] = self.call(runtime.open_mcp, name, server)
+        handler = None if on_elicitation is None else _threaded_elicitation(on_elicitation)
+        tools: list[Tool] = self.call(lambda: runtime.open_mcp(name, server, on_elicitation=handler))
         return tools
 
     def mcp_tools(self, name: str) -> list[Tool]:
@@ -255,3 +268,13 @@ class BlockingQuery:
     @property
     def transitions(self) -> list[ContinueReason]:
         return self._handle.transitions
+
+
+def _threaded_elicitation(fn: Callable[[McpElicitation], McpElicitationAnswer]) -> ElicitationHandler:
+    """A sync elicitation handler as the runtime's: each request answered on a worker thread, abandoned on abort."""
+
+    async def on_thread(request: McpElicitation) -> McpElicitationAnswer:
+        return await trio.to_thread.run_sync(fn, request, abandon_on_cancel=True)
+
+    on_thread.__qualname__ = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return on_thread

@@ -405,6 +405,7 @@ class McpConnection:
             description=listed.description or "",
             input_schema=listed.input_schema,
             concurrency_safe=bool(hints is not None and hints.read_only_hint),
+            runs_on="trio",  # the connection is trio's: an asyncio host must not move the call to its loop
         )
 
     @property

@@ -66,6 +66,7 @@ def resource_tools(servers: tuple[str, ...], connection: Callable[[str], McpConn
             ),
             input_model=ListResources,
             concurrency_safe=True,
+            runs_on="trio",
         ),
         Tool(
             name=READ_TOOL,
@@ -73,5 +74,6 @@ def resource_tools(servers: tuple[str, ...], connection: Callable[[str], McpConn
             description="Read a resource of an MCP server by its server and uri (as ListMcpResourcesTool lists them).",
             input_model=ReadResource,
             concurrency_safe=True,
+            runs_on="trio",
         ),
     ]
