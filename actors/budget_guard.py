@@ -100,7 +100,9 @@ class HostSpend(Message):
 
 
 def cost_usd(usage: Usage, price: Pricing) -> float:
-    """USD for one call's usage at `price` (USD per million tokens)."""
+    """USD for one call's usage at `price` (USD per million tokens; its long-prompt tier if the prompt is one)."""
+    if price.long_prompt is not None:
+        price = price.for_prompt(usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens)
     one_hour = usage.cache_creation_1h_input_tokens  # part of the cache writes, at their own price
     cost = (
         usage.input_tokens * price.input

@@ -56,7 +56,9 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.options import QueryOptions
 
 MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
-"""After this many failed autocompactions in a row the Compactor stops trying (a circuit breaker)."""
+"""After this many failed autocompactions in a row a query stops trying (a circuit breaker). Counted per
+query, as Claude Code keeps it in the loop's `autoCompactTracking` ("always undefined on the first
+iteration", seed 001): the next query tries again. Only autocompactions count; a success resets it."""
 
 COMPACT_SYSTEM_PROMPT = "You are a helpful AI assistant tasked with summarizing conversations."
 
@@ -140,6 +142,8 @@ def context_config(options: QueryOptions) -> ContextConfig:
 class Prepare(CarrierMessage):
     messages: list[TranscriptMessage]
     config: ContextConfig
+    autocompact_failures: int = 0
+    """The query's autocompactions that failed in a row so far (`MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES`)."""
 
 
 @record
@@ -150,6 +154,8 @@ class Prepared(CarrierMessage):
     """The boundary and summary that now start the conversation, if an autocompaction ran."""
     pre_compact_tokens: int = 0
     snip_tokens_freed: int = 0
+    autocompact_failed: bool = False
+    """An autocompaction was due and its call failed (the query counts it toward the circuit breaker)."""
     blocking: bool = False
 
 
@@ -202,7 +208,6 @@ class Compactor(TrioActor):
         self.budget_guard = budget_guard
         self.session_dir = session_dir
         self.compactions = 0
-        self._failures = 0
         self._staged: list[StagedCollapse] = []
 
     def on_receive(self, message: Any) -> Any:
@@ -242,10 +247,11 @@ class Compactor(TrioActor):
         if token_warning_state(tokens, limits).above_warning:
             messages, _ = microcompact(messages, config.microcompact_keep_recent)
             tokens = token_count_with_estimation(messages)
+        failed = False
         if (
             config.auto_compact
             and token_warning_state(tokens, limits).above_autocompact
-            and self._failures < MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES
+            and request.autocompact_failures < MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES
         ):
             compacted = await self._compact(messages, config, "auto")
             if compacted is not None:
@@ -256,10 +262,13 @@ class Compactor(TrioActor):
                     pre_compact_tokens=compacted.pre_tokens,
                     snip_tokens_freed=snip_freed,
                 )
+            failed = True
         blocking_check = not (config.reactive_compact and config.auto_compact)
         # The reference counts what snip freed as gone before it checks the limit.
         blocking = blocking_check and token_warning_state(tokens - snip_freed, limits).at_blocking_limit
-        return Prepared(messages=messages, tokens=tokens, snip_tokens_freed=snip_freed, blocking=blocking)
+        return Prepared(
+            messages=messages, tokens=tokens, snip_tokens_freed=snip_freed, blocking=blocking, autocompact_failed=failed
+        )
 
     async def _compact(
         self, messages: list[TranscriptMessage], config: ContextConfig, trigger: Literal["auto", "reactive"]
@@ -279,10 +288,8 @@ class Compactor(TrioActor):
         try:
             summary = await self._summarize(request)
         except ModelError as error:
-            self._failures += 1
             self.log.warning("{} compaction failed: {!r}", trigger, error)
             return None
-        self._failures = 0
         self.compactions += 1
         self._staged = []  # staged spans refer to messages the summary has replaced
         return Compacted(

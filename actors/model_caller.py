@@ -18,18 +18,14 @@ goes too, marked so that it is answered with an error and never run. Why not thr
 token-sized event, and each event kept alive a scheduler round longer (measured: `bench loops` at C=1000, 12 % of
 the round).
 
-Errors: 429 / 529 / 5xx / a cut connection are retried with backoff (honouring `retry-after`) up to `max_retries`
-times, but only while nothing of that request has been emitted; the server's `x-should-retry` header, when sent,
-decides instead of the kind (`ModelError.retryable`). Each retry is announced with a `system:api_retry` message;
-when a request stays overloaded and a fallback model is configured, the call ends asking for the fallback. A 400
-that asks for fewer output tokens (`context_overflow`, `max_tokens_cap`) is sent again at once with the `max_tokens`
-of `queryloop.runtime.loop.max_tokens.max_tokens_fix`, once per kind per call and outside `max_retries` (it is a
-different request, not the same one again); a model's output cap learnt so is kept for the session's later calls to
-that model. Prompt-too-long (and a `context_overflow` that no `max_tokens` at or above the floor fits) and
-`max_tokens` truncation are *withheld*: `CallEnded.withheld` carries the error message for the QueryLoop's recovery
-instead of emitting it. A fallback request ends the call with `CallEnded.fallback`. A provider's event that is not a
-dict with a string `type`, or one the assembler cannot read, is an `api_error` ModelError ("malformed stream
-event"), never an unclassified exception.
+Errors: 429 / 529 / 5xx / a cut connection are retried with backoff (honouring `retry-after`, or the server's
+`x-should-retry`) up to `max_retries` times, each announced (`system:api_retry`), but only while nothing of that
+request has been shown (its `message_start` is held back until its next event); a request that stays
+overloaded ends asking for the fallback model, if one is set. A 400 that asks for fewer output tokens is sent again
+at once with the `max_tokens` of `runtime.loop.max_tokens`, once per kind per call, outside `max_retries`.
+Prompt-too-long and `max_tokens` truncation are *withheld* (`CallEnded.withheld`) for the QueryLoop's recovery. A
+provider's event that is not a dict with a string `type`, or one the assembler cannot read, is an `api_error`
+ModelError ("malformed stream event"), never an unclassified exception. docs/design.md has the reasons.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ from queryloop.runtime.loop.events import (
     new_uuid,
     stream_event,
 )
-from queryloop.runtime.loop.max_tokens import max_tokens_fix
+from queryloop.runtime.loop.max_tokens import max_tokens_fix, withheld_cut_off
 from queryloop.runtime.loop.model import MAX_TOKENS_KINDS, FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
 
@@ -66,16 +62,6 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.persistence import TranscriptLog
 
 PROMPT_TOO_LONG_ERROR_MESSAGE = "Prompt is too long"
-CONTEXT_WINDOW_EXCEEDED_MESSAGE = (
-    "Claude's response stopped because the model's context window is full (model_context_window_exceeded)."
-)
-
-
-def max_output_tokens_message(max_tokens: int) -> str:
-    return (
-        f"Claude's response exceeded the {max_tokens} output token maximum. "
-        "To configure this behavior, set the max_output_tokens option."
-    )
 
 
 class CallProgress:
@@ -87,11 +73,13 @@ class CallProgress:
     loop has cut the call.
     """
 
-    __slots__ = ("consumer_gone", "cut", "delta_usage", "start_usage")
+    __slots__ = ("consumer_gone", "cut", "delta_usage", "held", "start_usage")
 
     def __init__(self) -> None:
         self.start_usage: dict[str, Any] | None = None
         self.delta_usage: dict[str, Any] | None = None
+        self.held: list[Any] | None = None
+        """The `message_start` held back until the next event: a loop that cuts the call shows it (as it bills it)."""
         self.consumer_gone = False
         self.cut = False
         """Set by the loop when it ends the query under this call: nothing more of it reaches anyone
@@ -397,9 +385,13 @@ class ModelCaller(TrioActor):
         request = tries.request
         assembler = ResponseAssembler()
         stream = self.provider.stream(request)
+        held: list[Any] = []
         try:  # `aclosing` written out: two coroutines fewer per request
             events, progress = call.events, call.progress
+            # Not this request's: what an earlier try noted (an unseen failure is neither shown nor billed).
+            progress.held, progress.start_usage, progress.delta_usage = held, None, None
             buffered = events.items
+            item: Any
             async for raw in stream:
                 # An event in a plain dict that carries no usage (all but two a response): none of `_noted`'s checks.
                 kind = raw.get("type") if raw.__class__ is dict else None
@@ -407,10 +399,20 @@ class ModelCaller(TrioActor):
                     item = raw
                 else:
                     item = _noted(raw, kind, progress)
-                tries.emitted = True
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
-                if len(buffered) < events.limit:  # `events.send_nowait(item)` written out (`EventChannel`'s note)
+                if not tries.emitted:
+                    if kind == "message_start":  # held back: an error right after it then leaves nothing seen
+                        held.append(item)
+                        item = None
+                    else:
+                        tries.emitted = True
+                        progress.held = None
+                        for early in held:
+                            await self._emit(call, early)
+                if item is None:
+                    pass
+                elif len(buffered) < events.limit:  # `events.send_nowait(item)` written out (`EventChannel`'s note)
                     buffered.append(item)
                     if events.receiver is not None:
                         events.wake_receiver()
@@ -429,15 +431,10 @@ class ModelCaller(TrioActor):
             raise ModelError("connection", "stream ended before message_stop")
         for cut in assembler.close_truncated():
             self._hand_over(cut, assembler, call)
-        withheld = None
-        if assembler.stop_reason == "max_tokens":
-            withheld = api_error_message(request.model, max_output_tokens_message(request.max_tokens))
-        elif assembler.stop_reason == "model_context_window_exceeded":  # a cut-off too: recovered the same way
-            withheld = api_error_message(request.model, CONTEXT_WINDOW_EXCEEDED_MESSAGE)
         return call_ended(
             stop_reason=assembler.stop_reason,
             usage=assembler.usage,
-            withheld=withheld,
+            withheld=withheld_cut_off(assembler.stop_reason, request.model, request.max_tokens),
             error=None,
             fallback=False,
             stop_details=assembler.stop_details,

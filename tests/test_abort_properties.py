@@ -10,10 +10,11 @@ a second task aborts the query at a random offset (0-10 s) with reason `user` or
 
 - one `result`, last; `handle.terminal` set; no task of the session running; a valid transcript;
 - the terminal: `natural_outcome` replays the script through the loop's documented rules
-  (retries while nothing was emitted, escalate once then three recoveries on `max_tokens`,
-  tools go on to the next turn) and says which terminal, `is_error` and request count the query
-  reaches unaborted. Unaborted, or aborted after the result: exactly that. Aborted while the loop
-  still had a model call to make: an aborted terminal. Otherwise aborted or that. An abort waits
+  (retries while nothing was emitted, a response's start being held back until its next event;
+  escalate once then three recoveries on `max_tokens`; tools go on to the next turn) and says which
+  terminal, `is_error` and request count the query reaches unaborted. Unaborted, or aborted after the
+  result: exactly that. Aborted while the loop still had a model call to make: an aborted terminal.
+  Otherwise aborted or that. An abort waits
   for nothing (the result comes at the abort's instant); `aborted_tools` exactly when the last
   call's stream had ended before the abort and named tools;
 - the interruption message exactly when a `user` abort ended the query (the one matching the
@@ -253,7 +254,8 @@ def natural_outcome(script: tuple[dict[str, Any], ...], max_retries: int) -> Nat
     escalated, recoveries = False, 0  # max_output_tokens state, reset by a tool turn
     for number, entry in enumerate(script, start=1):
         if "error" in entry:
-            unseen = entry["error"] != "connection" or entry.get("after_events", 0) == 0
+            # A cut after `message_start` alone is unseen too: the start is held back until the next event.
+            unseen = entry["error"] != "connection" or entry.get("after_events", 0) <= 1
             if unseen and attempts < max_retries:  # retried: the next entry answers the same call
                 attempts += 1
                 continue

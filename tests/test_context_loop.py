@@ -424,6 +424,10 @@ async def test_a_host_wide_budget_guard_caps_the_sum_over_sessions() -> None:
         ran_second = await consume(second, second.query("b"), second_model)
         assert ran_first.reason == "completed"  # $0.30 of $0.50
         assert ran_second.reason == "max_budget_usd"  # $0.60: the host's cap, not its own $10
+        assert ran_second.handle.result is not None
+        assert ran_second.handle.result.errors == [
+            "Reached maximum budget (a shared cap: the host's or a parent query's)"
+        ]
         assert len(second_model.requests) == 1
         assert await host.proxy().session_cost_usd == pytest.approx(0.6, abs=1e-4)
         assert await runtime.host_cost_usd() == pytest.approx(0.6, abs=1e-4)
@@ -482,3 +486,31 @@ async def test_compact_instructions_follow_the_runtimes_own_in_the_compaction_re
     texts = [c if isinstance(c, str) else c[-1]["text"] for c in asked]  # the last block: the prompt's merged before
     assert texts[0] == COMPACT_INSTRUCTIONS
     assert texts[1] == f"{COMPACT_INSTRUCTIONS}\n\nAdditional Instructions:\nKeep every file name."
+
+
+async def test_autocompact_circuit_breaker_stops_after_three_failures_and_resets_for_the_next_query() -> None:
+    """Claude Code keeps the failures in the loop's `autoCompactTracking`, "always undefined on the first
+    iteration" (seed 001): three failed autocompactions in a row stop a query from trying again, and the
+    session's next query tries afresh."""
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([*rounds(5), text_reply("Done."), text_reply("Second answer.")])
+        compactor = ScriptedModel([{"error": "api_error"}] * 10, name="compactor")
+        session = await runtime.open_session(
+            QueryOptions(
+                provider=model,
+                compact_provider=compactor,
+                tools=[scripted_tool("read")],
+                max_retries=0,
+                context_collapse=False,
+                **SMALL_WINDOW,
+            )
+        )
+        big = "x" * 40_000  # above the autocompact threshold from the first turn on
+        first = await consume(session, session.query(big), model)
+        assert first.reason == "completed"
+        assert len(model.requests) == 6  # every turn went on uncompacted
+        assert len(compactor.requests) == 3  # turns 1-3 tried and failed; turns 4-6 did not try
+        second = await consume(session, session.query("And now?"), model)
+        assert second.reason == "completed"
+        assert len(compactor.requests) == 4  # a new query: its first turn tries again
+        await assert_settled(second)

@@ -18,6 +18,7 @@ import trio.testing
 
 from queryloop import Runtime
 from queryloop.actors.query_loop import QueryControl
+from queryloop.actors.query_loop.ending import budget_error
 from queryloop.runtime.errors import QueryInProgress
 from queryloop.runtime.loop.events import (
     AssistantMessage,
@@ -734,7 +735,21 @@ async def test_budget_exceeded_ends_with_error_max_budget_usd_overshooting_by_at
         assert len(ran.model.requests) == 2  # the second call crossed the cap; no third was made
         assert 0.5 <= result.total_cost_usd <= 0.5 + per_call
         assert "t1" in ran.tool_results()  # the open tool_use was answered
+        assert result.errors == ["Reached maximum budget ($0.5)"]
         await assert_settled(ran)
+
+
+def test_the_budget_error_prints_the_cap_as_claude_code_does() -> None:
+    # Seed 000: `Reached maximum budget ($${maxBudgetUsd})`, a JavaScript number: `$1`, never `$1.0`.
+    assert budget_error(1.0, 1.2) == "Reached maximum budget ($1)"
+    assert budget_error(10, 10.0) == "Reached maximum budget ($10)"
+    assert budget_error(0.25, 0.3) == "Reached maximum budget ($0.25)"
+    # A stop on a shared cap (the host's, a parent query's) does not name the query's own, unreached one.
+    assert (
+        budget_error(10.0, 0.6)
+        == budget_error(None, 0.6)
+        == ("Reached maximum budget (a shared cap: the host's or a parent query's)")
+    )
 
 
 async def test_consumer_that_stops_early_aborts_the_query_and_the_session_stays_usable(
@@ -1208,3 +1223,44 @@ async def test_effort_reaches_the_querys_calls_and_not_the_runtimes_summaries() 
     assert [r.effort for r in ran.model.requests] == ["high", "high"]
     assert [r.effort for r in summaries.requests] == [None]
     assert [r.purpose for r in summaries.requests] == ["summary"]
+
+
+class StartsThenStalls:
+    """A provider whose response starts (`message_start`, 1,234 input tokens) and then sends nothing more."""
+
+    def __init__(self) -> None:
+        self.started = trio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+        usage = {"input_tokens": 1_234, "output_tokens": 1}
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": request.model, "content": []}
+        yield {"type": "message_start", "message": {**message, "usage": usage}}
+        self.started.set()
+        await trio.sleep_forever()
+        yield {}  # unreachable: makes this an async generator
+
+
+async def test_an_abort_before_a_responses_first_content_shows_its_held_start_and_bills_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A response's `message_start` is held back until its next event (a failure before then is retried
+    unseen); an abort meanwhile shows it before the query's end, as the spend it reported is billed."""
+    provider = StartsThenStalls()
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(QueryOptions(provider=provider, pricing=PRICE))
+        handle = session.query("go")
+        events = []
+        async with trio.open_nursery() as nursery:
+
+            async def abort_once_started() -> None:
+                await provider.started.wait()
+                await session.abort("user")
+
+            nursery.start_soon(abort_once_started)
+            events = [event async for event in handle]
+        assert handle.terminal is not None and handle.terminal.reason == "aborted_streaming"
+        starts = [e for e in events if isinstance(e, StreamEvent) and e.event["type"] == "message_start"]
+        assert len(starts) == 1 and starts[0].event["message"]["usage"]["input_tokens"] == 1_234
+        assert events.index(starts[0]) < len(events) - 1 and events[-1].label == "result"
+        assert handle.result is not None and handle.result.usage.input_tokens == 1_234
+        assert session.live_tasks() == 0

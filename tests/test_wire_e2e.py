@@ -426,3 +426,24 @@ async def test_local_api_answers_past_the_end_of_its_script_with_a_500_naming_it
             assert "script exhausted, no entry for request 1" in errors[-1].content[0]["text"]
             assert len(api.requests) == 1
             await assert_settled(session, handle, events)
+
+
+@TOLERATE_UNEXHAUSTED_BODY_ITERATOR
+async def test_midstream_overload_right_after_message_start_is_retried_and_the_consumer_sees_one_response() -> None:
+    # The usual overload mid-stream: `message_start`, then `event: error` (overloaded_error) on the 200 stream.
+    # Nothing of the response has been shown yet (its message_start is held back until the next event), so
+    # the request is retried and the consumer sees one response, not two starts.
+    script = [{"error": "midstream_overloaded", "after_events": 1}, text_reply("Recovered.")]
+    with trio.fail_after(DEADLINE_S):
+        async with served(script) as (api, model), Runtime.open() as rt:
+            session = await rt.open_session(QueryOptions(provider=model, max_retries=2))
+            handle, events = await run_query(session)
+            assert handle.terminal is not None and handle.terminal.reason == "completed"
+            assert len(api.requests) == 2
+            retries = [e for e in events if isinstance(e, SystemMessage) and e.subtype == "api_retry"]
+            assert len(retries) == 1 and retries[0].data["kind"] == "overloaded"
+            streamed = [e.event["type"] for e in events if isinstance(e, StreamEvent)]
+            assert streamed.count("message_start") == 1 and streamed[0] == "message_start"
+            assert streamed[-1] == "message_stop"
+            assert handle.result is not None and handle.result.result == "Recovered."
+            await assert_settled(session, handle, events)

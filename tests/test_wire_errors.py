@@ -234,8 +234,8 @@ async def test_a_tool_output_that_is_not_json_serializable_is_an_error_result_na
 @TOLERATE_UNEXHAUSTED_BODY_ITERATOR
 @pytest.mark.parametrize(
     ("after_events", "reason", "requests"),
-    [(1, "model_error", 1), (0, "completed", 2)],
-    ids=["after_message_start_ends_the_query", "before_any_event_is_retried"],
+    [(2, "model_error", 1), (1, "completed", 2), (0, "completed", 2)],
+    ids=["after_content_began_ends_the_query", "right_after_message_start_is_retried", "before_any_event_is_retried"],
 )
 async def test_a_stream_event_without_a_type_is_a_model_error_never_a_traceback(
     after_events: int, reason: str, requests: int

@@ -222,8 +222,10 @@ class QueryLoopContext(QueryLoopEnding):
         if prepared is None:
             return self._end_early(run, None, "aborted_streaming")
         if prepared.compacted is not None:
+            run.autocompact_failures = 0
             messages = await self._install_compaction(run, prepared.compacted, prepared.pre_compact_tokens)
         else:
+            run.autocompact_failures += prepared.autocompact_failed
             messages = prepared.messages
         if prepared.blocking:
             await self._surface(run, api_error_message(run.model, PROMPT_TOO_LONG_ERROR_MESSAGE))
@@ -235,7 +237,8 @@ class QueryLoopContext(QueryLoopEnding):
         answer: Prepared | None = None
         with self._phase(run):
             try:
-                answer = await self.compactor.ask(Prepare(messages=messages, config=run.context), block=False)
+                prepare = Prepare(messages=messages, config=run.context, autocompact_failures=run.autocompact_failures)
+                answer = await self.compactor.ask(prepare, block=False)
             except WorkCancelled:
                 answer = None
         return None if run.control.abort_reason is not None else answer
@@ -271,6 +274,7 @@ class QueryLoopContext(QueryLoopEnding):
                 except WorkCancelled:
                     compacted = None
             if compacted is not None and run.control.abort_reason is None:
+                run.autocompact_failures = 0  # the seed resets `autoCompactTracking` here
                 await self._install_compaction(run, compacted.messages, compacted.pre_tokens)
                 run.transitions.append("reactive_compact_retry")
                 return reactive_compact_retry(state, compacted.messages)

@@ -174,7 +174,12 @@ class QueryLoopEnding(QueryLoopTurns):
         """Every tool_use of the turn gets exactly one result: delivered, finished, or synthetic (`text`)."""
         self._drain_in_ending(run, turn)
         self._close_response(turn)  # cut short: no more blocks will come
-        streamed = turn.progress.usage()
+        progress = turn.progress
+        early, progress.held = progress.held, None
+        if early and run.consumer_open:  # the call's start, held back until content that never came: shown now,
+            for event in early:  # as its usage is billed below
+                run.sink.push(event)
+        streamed = progress.usage()
         if not turn.usage_recorded and streamed is not None:
             # A call cut short was billed for what its stream reported: that spend is kept.
             turn.usage_recorded = True
@@ -233,7 +238,7 @@ class QueryLoopEnding(QueryLoopTurns):
         if reason == "max_turns":
             errors.append(f"Reached maximum number of turns ({run.options.max_turns})")
         elif reason == "max_budget_usd":
-            errors.append(f"Reached maximum budget (${run.options.max_budget_usd})")
+            errors.append(budget_error(run.options.max_budget_usd, totals.query_cost_usd))
         elif terminal.error:
             errors.append(terminal.error)
         errors.extend(run.hook_errors)  # non-blocking: they change neither the subtype nor is_error
@@ -260,3 +265,18 @@ class QueryLoopEnding(QueryLoopTurns):
                 run.consumer_open = False
         self._emit_now(run, result)
         run.outcome_sent = True
+
+
+def budget_error(own_cap: float | None, query_cost_usd: float) -> str:
+    """Seed 000's ``Reached maximum budget ($${maxBudgetUsd})``, the cap printed as JavaScript prints a number
+    (`$1`, not `$1.0`). A stop on a cap the query shares (the host's, or its parent query's for a subagent),
+    not its own, says so instead of naming its own cap, which it did not reach."""
+    if own_cap is not None and query_cost_usd >= own_cap:
+        return f"Reached maximum budget (${js_number(own_cap)})"
+    return "Reached maximum budget (a shared cap: the host's or a parent query's)"
+
+
+def js_number(value: float) -> str:
+    """`value` as JavaScript's `String(number)` prints it in a budget: integral values without a fraction."""
+    value = float(value)  # an int cap (pydantic keeps one given as such) prints as the same number
+    return str(int(value)) if value.is_integer() and abs(value) < 1e21 else repr(value)

@@ -90,6 +90,8 @@ class Run:
     waiting: bool = False
     """The loop's task is suspended at its turn's wait (an abort then ends the query in its own call)."""
     turn_count: int = 1
+    autocompact_failures: int = 0
+    """Autocompactions of this query that failed in a row (the Compactor's circuit breaker, per query)."""
     terminal: Terminal | None = None
     """Set when an abort ended the query's turn in the abort's own call (`QueryLoop._end_now`)."""
     settling: TrioFuture[BudgetStatus] | None = None

@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from queryloop.runtime.loop.events import AssistantMessage, api_error_message
+
 CONTEXT_MARGIN = 1_000
 """Tokens kept free below the context limit when `max_tokens` is lowered to fit (see the module docstring)."""
 FLOOR_OUTPUT_TOKENS = 3_000
@@ -124,4 +126,25 @@ def max_tokens_fix(message: str, max_tokens: int, thinking: dict[str, Any] | Non
     cap = parse_model_output_cap(message)
     if cap is not None:
         return fit_to_model_cap(cap, max_tokens, budget)
+    return None
+
+
+CONTEXT_WINDOW_EXCEEDED_MESSAGE = (
+    "Claude's response stopped because the model's context window is full (model_context_window_exceeded)."
+)
+
+
+def max_output_tokens_message(max_tokens: int) -> str:
+    return (
+        f"Claude's response exceeded the {max_tokens} output token maximum. "
+        "To configure this behavior, set the max_output_tokens option."
+    )
+
+
+def withheld_cut_off(stop_reason: str | None, model: str, max_tokens: int) -> AssistantMessage | None:
+    """The error a response cut off by its length is withheld as, for the loop's recovery (None: not cut off)."""
+    if stop_reason == "max_tokens":
+        return api_error_message(model, max_output_tokens_message(max_tokens))
+    if stop_reason == "model_context_window_exceeded":  # a cut-off too: recovered the same way
+        return api_error_message(model, CONTEXT_WINDOW_EXCEEDED_MESSAGE)
     return None

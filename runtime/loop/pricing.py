@@ -25,6 +25,21 @@ class Pricing(BaseModel):
     cache_read: float
     cache_write_1h: float | None = None
     """A write to the one-hour cache; None: twice `input`, the API's multiplier for every model listed."""
+    long_prompt_tokens: int | None = None
+    long_prompt: Pricing | None = None
+    """A tier of its own for long prompts: a request whose prompt (input, cache writes and cache reads)
+    is over `long_prompt_tokens` is priced whole, output included, at `long_prompt` (Haiku 5.5's over
+    100K tokens, API_FACTS §5)."""
+
+    def for_prompt(self, prompt_tokens: int) -> Pricing:
+        """The tier a request with `prompt_tokens` of prompt is priced at."""
+        if (
+            self.long_prompt is not None
+            and self.long_prompt_tokens is not None
+            and prompt_tokens > self.long_prompt_tokens
+        ):
+            return self.long_prompt
+        return self
 
     @property
     def one_hour_cache_write(self) -> float:
@@ -51,8 +66,14 @@ PRICES: dict[str, Pricing] = {
     "claude-sonnet-5": Pricing(input=2.0, output=10.0, cache_write=2.5, cache_read=0.2),
     "claude-sonnet-4-6": Pricing(input=3.0, output=15.0, cache_write=3.75, cache_read=0.3),
     "claude-sonnet-4-5": Pricing(input=3.0, output=15.0, cache_write=3.75, cache_read=0.3),
-    # Haiku 5.5's lower tier (prompt <= 100K tokens); the runtime's small-model calls stay there.
-    "claude-haiku-5-5": Pricing(input=0.1, output=0.5, cache_write=0.125, cache_read=0.01),
+    "claude-haiku-5-5": Pricing(
+        input=0.1,
+        output=0.5,
+        cache_write=0.125,
+        cache_read=0.01,
+        long_prompt_tokens=100_000,
+        long_prompt=Pricing(input=0.5, output=2.5, cache_write=0.625, cache_read=0.05),
+    ),
     "claude-haiku-4-5": Pricing(input=1.0, output=5.0, cache_write=1.25, cache_read=0.1),
 }
 
@@ -63,11 +84,21 @@ CONTEXT_WINDOWS: dict[str, int] = {
 DEFAULT_CONTEXT_WINDOW = 1_000_000
 
 
+def undated(model: str) -> str:
+    """`model` without a release date (`claude-haiku-4-5-20251001` → `claude-haiku-4-5`): the table's key.
+
+    Only an eight-digit date is taken off: `claude-fable-5-2` is not `claude-fable-5`, and is priced only
+    once the table (or the query's `pricing`) knows it.
+    """
+    base, _, suffix = model.rpartition("-")
+    return base if len(suffix) == 8 and suffix.isdigit() else model
+
+
 def pricing_for(model: str, override: Pricing | None = None) -> Pricing:
-    """The price of `model`: the override if given, else the table (dated suffixes accepted)."""
+    """The price of `model`: the override if given, else the table (dated ids accepted)."""
     if override is not None:
         return override
-    price = PRICES.get(model) or PRICES.get(model.rsplit("-", 1)[0])
+    price = PRICES.get(model) or PRICES.get(undated(model))
     if price is None:
         msg = f"no price known for model {model!r}: pass `pricing` in the query options"
         raise UnknownModelPrice(msg)
@@ -75,4 +106,5 @@ def pricing_for(model: str, override: Pricing | None = None) -> Pricing:
 
 
 def context_window_for(model: str) -> int:
-    return CONTEXT_WINDOWS.get(model, DEFAULT_CONTEXT_WINDOW)
+    """The context window of `model` (dated ids accepted): the table's, else the current line-up's 1M."""
+    return CONTEXT_WINDOWS.get(undated(model), DEFAULT_CONTEXT_WINDOW)
