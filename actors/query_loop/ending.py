@@ -119,6 +119,8 @@ class QueryLoopEnding(QueryLoopTurns):
             await self._surface(run, api_error_message(run.model, error.message))
             return Terminal(reason="image_error", error=error.message)
         text = f"API Error: {error.message}"
+        if error.request_id is not None:  # what Anthropic's support asks for, kept with the error
+            text = f"{text} (request_id {error.request_id})"
         failure = stop_failure_error(error.kind, error.message)
         await self._surface_failure(run, api_error_message(run.model, text), failure, error.message)
         return Terminal(reason="model_error", error=text)

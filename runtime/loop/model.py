@@ -91,6 +91,7 @@ class ModelError(QueryloopError):
         status: int | None = None,
         retry_after: float | None = None,
         should_retry: bool | None = None,
+        request_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.kind: ModelErrorKind = kind
@@ -98,6 +99,9 @@ class ModelError(QueryloopError):
         self.status = status
         self.retry_after = retry_after
         self.should_retry = should_retry
+        self.request_id = request_id
+        """The API's id of the failed request (its `request-id` header, or the error body's `request_id`): what
+        Anthropic's support asks for. None where the error names none (a cut connection, a 413 from the edge)."""
 
     @property
     def retryable(self) -> bool:

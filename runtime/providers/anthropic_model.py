@@ -257,12 +257,14 @@ def model_error_from_sdk(exc: anthropic.AnthropicError) -> ModelError:
 
 def _from_status_error(exc: anthropic.APIStatusError) -> ModelError:
     message = exc.api_message or str(exc)
+    body = exc.body if isinstance(exc.body, dict) else {}
+    request_id = exc.request_id or (body.get("request_id") if isinstance(body.get("request_id"), str) else None)
     if exc.status_code < 400:
         # Only an in-stream `event: error` produces a status error on a successful response.
         error_type = exc.type or ""
         status = STATUS_OF_ERROR_TYPE.get(error_type, 500)
         in_stream = f"{message} (in-stream error event {error_type or 'of unknown type'} on HTTP 200)"
-        return ModelError(classify_status(status, message), in_stream, status=status)
+        return ModelError(classify_status(status, message), in_stream, status=status, request_id=request_id)
     status = exc.status_code
     headers = exc.response.headers
     return ModelError(
@@ -271,6 +273,7 @@ def _from_status_error(exc: anthropic.APIStatusError) -> ModelError:
         status=status,
         retry_after=parse_retry_after(headers),
         should_retry=parse_should_retry(headers),
+        request_id=request_id,
     )
 
 
