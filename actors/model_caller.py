@@ -408,8 +408,11 @@ class ModelCaller(TrioActor):
                     else:
                         tries.emitted = True
                         progress.held = None
-                        for early in held:
-                            await self._emit(call, early)
+                        if len(buffered) + len(held) < events.limit:  # the start goes first; `item` wakes the consumer
+                            buffered.extend(held)
+                        else:
+                            for early in held:
+                                await self._emit(call, early)
                 if item is None:
                     pass
                 elif len(buffered) < events.limit:  # `events.send_nowait(item)` written out (`EventChannel`'s note)
