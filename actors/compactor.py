@@ -21,6 +21,7 @@ needs the pipeline never has a Compactor.
 from __future__ import annotations
 
 import operator
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,7 +45,7 @@ from queryloop.runtime.loop.context import (
     token_warning_state,
 )
 from queryloop.runtime.loop.events import TranscriptMessage, UserMessage
-from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest, retry_delay_s
 from queryloop.runtime.loop.pricing import context_window_for
 from queryloop.runtime.loop.stream import complete_text
 from queryloop.runtime.loop.transcript import normalize_messages_for_api
@@ -78,6 +79,9 @@ class ContextConfig(Message):
     collapse_keep_recent_rounds: int
     snip_max_rounds: int | None
     compact_instructions: str | None = None
+    max_retries: int = 2
+    """A compaction request that fails as a model call may (overloaded, rate-limited, 5xx, cut) is sent again,
+    after a backoff, up to this many times: the query's own `max_retries`."""
 
 
 _context_key = operator.attrgetter(
@@ -97,6 +101,7 @@ _context_key = operator.attrgetter(
     "collapse_keep_recent_rounds",
     "snip_max_rounds",
     "compact_instructions",
+    "max_retries",
 )
 """The options a query's `ContextConfig` is made of, read in one C call (a tuple: the key of its cache)."""
 
@@ -134,6 +139,7 @@ def context_config(options: QueryOptions) -> ContextConfig:
             collapse_keep_recent_rounds=options.collapse_keep_recent_rounds,
             snip_max_rounds=options.snip_max_rounds,
             compact_instructions=options.compact_instructions,
+            max_retries=options.max_retries,
         )
     return config
 
@@ -286,7 +292,7 @@ class Compactor(TrioActor):
             purpose="compact",
         )
         try:
-            summary = await self._summarize(request)
+            summary = await self._summarize(request, config.max_retries)
         except ModelError as error:
             self.log.warning("{} compaction failed: {!r}", trigger, error)
             return None
@@ -296,8 +302,25 @@ class Compactor(TrioActor):
             messages=post_compact_messages(summary, trigger=trigger, pre_tokens=pre_tokens), pre_tokens=pre_tokens
         )
 
-    async def _summarize(self, request: ModelRequest) -> str:
-        summary, usage = await complete_text(self.provider, request)
+    async def _summarize(self, request: ModelRequest, max_retries: int) -> str:
+        attempt = 0
+        while True:  # retried as the ModelCaller retries a call: a retryable kind, or the server's word
+            try:
+                summary, usage = await complete_text(self.provider, request)
+                break
+            except ModelError as error:
+                if not error.retryable or attempt >= max_retries:
+                    raise
+                delay = retry_delay_s(attempt, error, jitter=random.uniform(0.75, 1.0))
+                attempt += 1
+                self.log.warning(
+                    "compaction request failed ({}); retrying in {:.1f}s ({}/{})",
+                    error.kind,
+                    delay,
+                    attempt,
+                    max_retries,
+                )
+                await trio.sleep(delay)
         if self.budget_guard is not None:
             self.budget_guard.tell(RecordUsage(model=request.model, usage=usage, query_usage=False))
         if not summary:

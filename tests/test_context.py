@@ -818,6 +818,7 @@ def test_context_config_is_one_object_per_setting_and_follows_every_option_it_re
         "collapse_keep_recent_rounds": 2,
         "snip_max_rounds": 3,
         "compact_instructions": "Keep the file names.",
+        "max_retries": 0,
     }
     on_limits = {  # option → the `ContextLimits` field it sets
         "context_window": ("context_window", 50_000),

@@ -514,3 +514,35 @@ async def test_autocompact_circuit_breaker_stops_after_three_failures_and_resets
         assert second.reason == "completed"
         assert len(compactor.requests) == 4  # a new query: its first turn tries again
         await assert_settled(second)
+
+
+@pytest.mark.parametrize(
+    ("failure", "max_retries", "compactions_asked", "compacted"),
+    [
+        ({"error": "overloaded"}, 2, 2, True),  # retried after its backoff, as the query's own calls are
+        ({"error": "overloaded"}, 0, 1, False),  # the query's max_retries bounds it
+        ({"error": "prompt_too_long"}, 2, 1, False),  # not a kind that sending again can cure
+    ],
+    ids=["overloaded_is_retried", "within_max_retries", "prompt_too_long_is_not"],
+)
+async def test_a_compaction_request_is_retried_as_a_model_call_is(
+    autojump_clock: trio.testing.MockClock,
+    failure: dict[str, Any],
+    max_retries: int,
+    compactions_asked: int,
+    compacted: bool,
+) -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([text_reply("Answered.")])
+        compactor = ScriptedModel([failure, text_reply("The user sent a very long message.")], name="compactor")
+        session = await runtime.open_session(
+            QueryOptions(provider=model, compact_provider=compactor, max_retries=max_retries, **SMALL_WINDOW)
+        )
+        ran = await consume(session, session.query("x" * 40_000), model)  # over the autocompact threshold
+        assert ran.reason == "completed"
+        assert len(compactor.requests) == compactions_asked
+        boundaries = [e for e in ran.events if isinstance(e, SystemMessage) and e.subtype == "compact_boundary"]
+        assert bool(boundaries) == compacted
+        sent = model.requests[0].messages[0]["content"][0]["text"]
+        assert sent.startswith(COMPACT_SUMMARY_PREFIX) == compacted
+        await assert_settled(ran)

@@ -114,6 +114,23 @@ class ModelError(QueryloopError):
         return f"ModelError({self.kind!r}, {self.message!r}, status={self.status})"
 
 
+RETRY_BASE_S = 0.5
+RETRY_MAX_S = 8.0
+"""The backoff of a failed request's retries (the ModelCaller's defaults; the Compactor's compaction calls)."""
+
+
+def retry_delay_s(
+    attempt: int, error: ModelError, *, jitter: float, base_s: float = RETRY_BASE_S, max_s: float = RETRY_MAX_S
+) -> float:
+    """Seconds before retry `attempt` (0-based) of a failed request: the server's `retry-after` wins, else the
+    exponential backoff (`base_s` doubling up to `max_s`) times `jitter` (0.75-1: many sessions must not
+    retry in step)."""
+    if error.retry_after is not None:
+        return float(error.retry_after)
+    backoff: float = min(base_s * 2**attempt, max_s)
+    return backoff * jitter
+
+
 class FallbackTriggered(QueryloopError):
     """The provider asks to switch to the fallback model (repeated overload of the primary, say)."""
 
