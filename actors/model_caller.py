@@ -40,6 +40,7 @@ from queryloop.actors.tool_executor import BeginTurn, add_tool
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
+from queryloop.runtime.loop import model
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     SystemMessage,
@@ -207,8 +208,7 @@ def _asks_for_more(ended: CallEnded) -> bool:
 
 
 _MORE_AFTER = frozenset({"tool_use", "pause_turn", "refusal"})
-"""Stop reasons after which the loop calls again: tools answered, a paused turn resumed, a refusal
-retried on the fallback model (when there is none, the query ends and the task with it)."""
+"""Stop reasons after which the loop calls again (a refusal: on the fallback model, if there is one)."""
 
 
 class _Tries:
@@ -286,12 +286,12 @@ class ModelCaller(TrioActor):
 
     def retry_delay(self, attempt: int, error: ModelError) -> float:
         """Seconds before retry `attempt` (0-based): the server's `retry-after` wins, else jittered backoff."""
-        if error.retry_after is not None:
+        if error.retry_after is not None:  # no draw of the jitter then: a seeded caller's sequence stays as it was
             return float(error.retry_after)
-        backoff: float = min(self.retry_base_s * 2**attempt, self.retry_max_s)
         if self._random is None:
             self._random = random.Random(self._seed)
-        return backoff * self._random.uniform(0.75, 1.0)
+        jitter = self._random.uniform(0.75, 1.0)
+        return model.retry_delay_s(attempt, error, jitter=jitter, base_s=self.retry_base_s, max_s=self.retry_max_s)
 
     async def _serve(self, first: StartCall, feed: CallFeed) -> None:
         """A query's calls, one after the other, in this one task, until the loop closes the feed. Each call's
