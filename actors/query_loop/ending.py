@@ -178,7 +178,7 @@ class QueryLoopEnding(QueryLoopTurns):
         self._close_response(turn)  # cut short: no more blocks will come
         progress = turn.progress
         early, progress.held = progress.held, None
-        if early and run.consumer_open:  # the call's start, held back until content that never came: shown now,
+        if early and run.consumer_open:  # the call's start, held back for an event that never came: shown now,
             for event in early:  # as its usage is billed below
                 run.sink.push(event)
         streamed = progress.usage()
