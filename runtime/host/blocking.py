@@ -276,5 +276,4 @@ def _threaded_elicitation(fn: Callable[[McpElicitation], McpElicitationAnswer]) 
     async def on_thread(request: McpElicitation) -> McpElicitationAnswer:
         return await trio.to_thread.run_sync(fn, request, abandon_on_cancel=True)
 
-    on_thread.__qualname__ = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     return on_thread
