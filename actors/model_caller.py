@@ -1,31 +1,30 @@
 """ModelCaller: streams a query's model calls to the query's consumer and the QueryLoop.
 
-One task per query: the first `StartCall` of a query carries the query's `CallFeed` and starts one piece of
-abortable work that runs that call, then every later call of the query the QueryLoop puts in the feed, in order (no
-message, no task and no cancel scope per call). The task waits for the next call only after a response that asks for
-one (tool uses to answer, a withheld error to recover from, a fallback); after a response that ends the turn it ends
-at once, so that the query's last call leaves no task to wake when the query ends (the rare call after such a
-response, a stop hook's feedback or a token-budget nudge, is sent as a `StartCall` and starts a new task), and the
-loop closes the feed when the query ends. An abort cancels the task (the call in flight, if any: closing the
-provider's stream stops billing) and is acked once it has unwound. The call's own events go straight to the query's
-event channel, in production order: every raw event as it is (the consumer's handle wraps it in its `StreamEvent` as
-it hands it out) and an `AssistantMessage` for each content block as it completes (its transcript record buffered in
-the session's log first, so that the consumer's handle writes it before taking the message:
-`runtime.loop.persistence`). The QueryLoop gets, through the turn channel, each `AssistantMessage` once the consumer
-has it (to record it and pair its tool uses) and a final `CallEnded`. Each completed `tool_use` goes to the
-StreamingToolExecutor right after its message, while the stream still runs; a `tool_use` cut off by `max_tokens`
-goes too, marked so that it is answered with an error and never run. Why not through the QueryLoop: an extra hop per
-token-sized event, and each event kept alive a scheduler round longer (measured: `bench loops` at C=1000, 12 % of
-the round).
+One task per query: the first `StartCall` of a query carries the query's `CallFeed` and starts one piece of abortable
+work that runs that call, then every later call of the query the QueryLoop puts in the feed, in order (no message, no
+task and no cancel scope per call). The task waits for the next call only after a response that asks for one (tool uses
+to answer, a withheld error to recover from, a fallback); after a response that ends the turn it ends at once, so that
+the query's last call leaves no task to wake when the query ends (the rare call after such a response, a stop hook's
+feedback or a token-budget nudge, is sent as a `StartCall` and starts a new task), and the loop closes the feed when
+the query ends. An abort cancels the task (the call in flight, if any: closing the provider's stream stops billing) and
+is acked once it has unwound. The call's own events go straight to the query's event channel, in production order:
+every raw event as it is (the consumer's handle wraps it in its `StreamEvent` as it hands it out) and an
+`AssistantMessage` for each content block as it completes (its transcript record buffered in the session's log first,
+so that the consumer's handle writes it before taking the message: `runtime.loop.persistence`). The QueryLoop gets,
+through the turn channel, each `AssistantMessage` once the consumer has it (to record it and pair its tool uses) and a
+final `CallEnded`. Each completed `tool_use` goes to the StreamingToolExecutor right after its message, while the
+stream still runs; a `tool_use` cut off by `max_tokens` goes too, marked so that it is answered with an error and never
+run. Why not through the QueryLoop: an extra hop per token-sized event, and each event kept alive a scheduler round
+longer (measured: `bench loops` at C=1000, 12 % of the round).
 
 Errors: 429 / 529 / 5xx / a cut connection are retried with backoff (honouring `retry-after`, or the server's
 `x-should-retry`) up to `max_retries` times, each announced (`system:api_retry`), but only while nothing of that
-request has been shown (its `message_start` is held back until its next event); a request that stays
-overloaded ends asking for the fallback model, if one is set. A 400 that asks for fewer output tokens is sent again
-at once with the `max_tokens` of `runtime.loop.max_tokens`, once per kind per call, outside `max_retries`.
-Prompt-too-long and `max_tokens` truncation are *withheld* (`CallEnded.withheld`) for the QueryLoop's recovery. A
-provider's event that is not a dict with a string `type`, or one the assembler cannot read, is an `api_error`
-ModelError ("malformed stream event"), never an unclassified exception. docs/design.md has the reasons.
+request has been shown (its `message_start` is held back until its next event); a request that stays overloaded ends
+asking for the fallback model, if one is set. A 400 that asks for fewer output tokens is sent again at once with the
+`max_tokens` of `runtime.loop.max_tokens`, once per kind per call, outside `max_retries`. Prompt-too-long and
+`max_tokens` truncation are *withheld* (`CallEnded.withheld`) for the QueryLoop's recovery. A provider's event that is
+not a dict with a string `type`, or one the assembler cannot read, is an `api_error` ModelError ("malformed stream
+event"), never an unclassified exception. docs/design.md has the reasons.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from queryloop.actors.tool_executor import BeginTurn, add_tool
+from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
@@ -269,8 +269,8 @@ class ModelCaller(TrioActor):
         self.retry_max_s = retry_max_s
         self._seed = seed
         self._random: random.Random | None = None  # seeded on the first retry: most callers never retry
-        self._output_caps: dict[str, int] = {}
-        """Model → the most output tokens the API said it accepts (a `max_tokens_cap` 400), for the session."""
+        self._output_caps: dict[str, int] = EMPTY_DICT
+        """Model → the most output tokens the API accepts (a `max_tokens_cap` 400); shared empty until one is learnt."""
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, StartCall):
@@ -375,7 +375,7 @@ class ModelCaller(TrioActor):
         if fix is None:
             return None
         if fix.model_cap is not None:
-            self._output_caps[request.model] = fix.model_cap
+            self._output_caps = {**self._output_caps, request.model: fix.model_cap}
         asked, kind = request.max_tokens, error.kind
         self.log.info(f"{request.model}: max_tokens {asked} refused ({kind}), sending again with {fix.max_tokens}")
         return dataclasses.replace(request, max_tokens=fix.max_tokens)

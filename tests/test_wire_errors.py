@@ -20,7 +20,7 @@ from queryloop.runtime.loop.events import AssistantMessage, StreamEvent, SystemM
 from queryloop.runtime.loop.max_tokens import CONTEXT_MARGIN
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.tools import Tool, ToolContext
-from queryloop.runtime.providers.scripted import ScriptedReply, reply_events
+from queryloop.runtime.providers.scripted import ScriptedReply, ScriptedUsage, reply_events
 from tests.helpers import log_records, text_reply, tool_use, tools_reply
 from tests.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, assert_settled, run_query, served
 
@@ -298,7 +298,7 @@ class OrderedEventsModel:
 
     def __init__(self) -> None:
         reply = ScriptedReply(
-            content=[{"type": "text", "text": "Hello."}], usage={"input_tokens": 3, "output_tokens": 2}
+            content=[{"type": "text", "text": "Hello."}], usage=ScriptedUsage(input_tokens=3, output_tokens=2)
         )
         self.sent = reply_events(reply, model="claude-sonnet-5-5", message_id="m1", input_tokens=3)
 

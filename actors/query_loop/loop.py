@@ -44,6 +44,7 @@ from queryloop.actors.query_loop.context import QueryLoopContext
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, Refused, RunQuery
 from queryloop.actors.query_loop.run import BudgetExceeded, Run
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
+from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo, collapse_may_stage
@@ -80,6 +81,10 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
     from queryloop.runtime.loop.tools import Tool
+
+
+_NO_CONTEXT: tuple[dict[str, str], UserMessage | None] = (EMPTY_DICT, None)
+"""`QueryLoop._context` before any user context: shared, as most sessions never have one."""
 
 
 class QueryLoop(QueryLoopContext):
@@ -121,7 +126,8 @@ class QueryLoop(QueryLoopContext):
         self.conversation: list[TranscriptMessage] = list(conversation or [])
         """Restored (resume) messages are in the log already: only what joins from now on is logged."""
         self.transcript = transcript
-        self.sidechains = dict(sidechains or {})
+        self.sidechains: dict[str, Sidechain] = dict(sidechains) if sidechains else EMPTY_DICT
+        """The subagents' conversations by agent id (`subagent`); the shared empty dict until the first."""
         self._agents_host = agents_host
         self._depth = depth
         self.mcp_tools = mcp_tools
@@ -139,7 +145,7 @@ class QueryLoop(QueryLoopContext):
         self._oversized_scan = OversizedResultScan()
         self._token_count = TokenCountMemo()
         self._boundary = CompactBoundary()
-        self._context: tuple[dict[str, str], UserMessage | None] = ({}, None)
+        self._context: tuple[dict[str, str], UserMessage | None] = _NO_CONTEXT
         """The last user context and its message, kept while queries carry the same context."""
 
     def on_receive(self, message: Any) -> Any:

@@ -41,6 +41,7 @@ from queryloop.actors.budget_guard import BudgetLedger, BudgetStatus, RecordSpen
 from queryloop.actors.model_caller import ModelCaller
 from queryloop.actors.query_loop.messages import Forwarded, GetConversation, QueryControl, RunQuery
 from queryloop.actors.tool_executor import StreamingToolExecutor
+from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.agents import (
@@ -232,7 +233,7 @@ class Subagents:
             if child.failure is not None:
                 raise ToolError(f"the {args.subagent_type} agent crashed: {child.failure}")
             conversation = await loop.ask(GetConversation(), block=False)
-            parent.sidechains[agent_id] = Sidechain(agent_id, args.subagent_type, tool_use_id, conversation)
+            _keep_sidechain(parent, Sidechain(agent_id, args.subagent_type, tool_use_id, conversation))
         finally:
             with trio.CancelScope(shield=True):
                 if not control.finished:  # cut short (an abort, a budget stop, a discarded response)
@@ -296,3 +297,10 @@ async def _relay(
             item = dataclasses.replace(item, parent_tool_use_id=tool_use_id)
         if channel is not None:
             await channel.send(Forwarded(event=item))
+
+
+def _keep_sidechain(parent: QueryLoopTurns, sidechain: Sidechain) -> None:
+    """The parent keeps a finished subagent's conversation (`sidechains`: the shared empty dict until the first)."""
+    if parent.sidechains is EMPTY_DICT:
+        parent.sidechains = {}
+    parent.sidechains[sidechain.agent_id] = sidechain

@@ -70,6 +70,11 @@ class Runtime:
         self._detached = 0
         """Detached runs (StopFailure hooks) not yet ended: the runtime's close waits for them."""
         self._detached_ended = trio.lowlevel.ParkingLot()
+        # Bound once: every session holds these three (its QueryLoop two, its group one), and a bound method
+        # made per session would be one more object per session in flight, walked by every collection.
+        self._forget_group = self._forget
+        self._mcp_tools_of = self._session_mcp_tools
+        self._detach_run = self._detach
 
     @classmethod
     @asynccontextmanager
@@ -115,27 +120,37 @@ class Runtime:
     @classmethod
     @asynccontextmanager
     async def _open(cls, max_concurrent_model_calls: int | None, max_live_agents: int | None) -> AsyncIterator[Runtime]:
-        async with trio.open_nursery() as nursery:
-            runtime = cls(
-                nursery, max_concurrent_model_calls=max_concurrent_model_calls, max_live_agents=max_live_agents
-            )
-            try:
-                yield runtime
-            finally:
-                # Every running query is aborted and ends properly (its tool_uses answered, its result
-                # sent) before the rest is cancelled; a session that does not settle in time is cut.
-                with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
-                    for session in list(runtime._sessions.values()):
-                        await session.close()
-                    while runtime._detached:  # the StopFailure hooks those sessions' last queries started
-                        await runtime._detached_ended.park()
-                for connection in runtime._mcp.values():
-                    connection.close()  # its task ends with the nursery: a stdio server is stopped and reaped
-                # What did not settle in time is stopped now: its actors' work is cancelled, their
-                # on_stop runs once it has unwound, which leaving the nursery waits for.
-                for group in list(runtime._groups.values()):
-                    group.close_nowait()
-                nursery.cancel_scope.cancel()
+        runtime: Runtime | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                runtime = cls(
+                    nursery, max_concurrent_model_calls=max_concurrent_model_calls, max_live_agents=max_live_agents
+                )
+                try:
+                    yield runtime
+                finally:
+                    # Every running query is aborted and ends properly (its tool_uses answered, its result
+                    # sent) before the rest is cancelled; a session that does not settle in time is cut.
+                    with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
+                        for session in list(runtime._sessions.values()):
+                            await session.close()
+                        while runtime._detached:  # the StopFailure hooks those sessions' last queries started
+                            await runtime._detached_ended.park()
+                    for connection in runtime._mcp.values():
+                        connection.close()  # its task ends with the nursery: a stdio server is stopped and reaped
+                    # What did not settle in time is stopped now: its actors' work is cancelled, their
+                    # on_stop runs once it has unwound, which leaving the nursery waits for.
+                    for group in list(runtime._groups.values()):
+                        group.close_nowait()
+                    nursery.cancel_scope.cancel()
+        finally:
+            if runtime is not None:
+                runtime._unbind()
+
+    def _unbind(self) -> None:
+        """Drop the bound methods made once for the sessions (`__init__`): each refers back to this runtime, a
+        cycle the collector would have to find once the runtime is gone. Every group has closed by now."""
+        del self._forget_group, self._mcp_tools_of, self._detach_run
 
     @property
     def groups(self) -> Mapping[str, Supervisor]:
@@ -209,8 +224,8 @@ class Runtime:
             transcript=log,
             agents_host=self.agents,
             sidechains=loaded.sidechains if loaded is not None else None,
-            mcp_tools=self._session_mcp_tools,
-            detach=self._detach,
+            mcp_tools=self._mcp_tools_of,
+            detach=self._detach_run,
         )
         session = Session(group, options, loop, log)
         self._sessions[session.id] = session
@@ -319,7 +334,7 @@ class Runtime:
         if session_id in self._groups:
             msg = f"session id {session_id!r} is already open"
             raise ValueError(msg)
-        supervisor = Supervisor(session_id, self._nursery, on_closed=self._forget)
+        supervisor = Supervisor(session_id, self._nursery, on_closed=self._forget_group)
         self._groups[session_id] = supervisor
         return supervisor
 

@@ -5,6 +5,6 @@ event channels that carry a query's events.
 Owns: `TrioActor` (`actor`), its priority inbox and dispatcher (`_inbox`), `TrioFuture` (`_future`),
 `Supervisor` (`supervisor`), the kernel's messages (`messages`), `EventChannel` (`flow`) and the outcome
 that wakes a parked task (`_wake`).
-Imports only `queryloop.runtime.errors` and `queryloop.runtime._records`: the kernel knows nothing of agent
-loops.
+Imports only `queryloop.runtime.errors`, `queryloop.runtime._records` and `queryloop.runtime._frozen`: the
+kernel knows nothing of agent loops.
 """

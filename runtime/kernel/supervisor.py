@@ -33,6 +33,7 @@ import trio
 from loguru import logger
 from pykka import ActorDeadError
 
+from queryloop.runtime._frozen import EMPTY_LIST
 from queryloop.runtime.errors import ActorCrashed, SessionClosed
 from queryloop.runtime.kernel._inbox import Dispatcher
 from queryloop.runtime.kernel.actor import TrioActor, current_supervisor
@@ -61,8 +62,10 @@ class Supervisor:
         self.session_id = session_id
         self.parent = parent
         """The group this one is a child of (a subagent's), or None for a session's own group."""
-        self.children: list[Supervisor] = []
-        """Open child groups (`child`): aborts and closes reach them, and their descendants."""
+        self.children: list[Supervisor] = EMPTY_LIST
+        """Open child groups (`child`): aborts and closes reach them, and their descendants (the shared empty
+        list until the first: most groups never have one, and an empty list per session is one more object
+        in flight for the collector)."""
         self.failure: ActorCrashed | None = None
         """Set when an actor of the group crashed; the group is then closed."""
         self.actors: list[TrioActor] = []
@@ -122,14 +125,15 @@ class Supervisor:
             msg = f"session {self.session_id} is closed; cannot open the child group {session_id}"
             raise SessionClosed(msg)
         group = Supervisor(session_id, self._nursery, parent=self)
+        if self.children is EMPTY_LIST:
+            self.children = []
         self.children.append(group)
         return group
 
     def _child_closed(self, child: Supervisor) -> None:
-        try:
-            self.children.remove(child)
-        except ValueError:
+        if child not in self.children:
             return
+        self.children.remove(child)
         if self._closing and not self._live and not self.children:
             self._closed_now()
 

@@ -186,13 +186,27 @@ class State(_Frozen):
 
 def initial_state(messages: list[TranscriptMessage]) -> State:
     """The first iteration's `State` of a query over `messages` (the loop's own list, not copied)."""
-    return _built({**_INITIAL, "messages": messages}, {"messages"})
+    return _built({**_INITIAL, "messages": messages}, _INITIAL_FIELDS)
 
 
 def _evolve(state: State, **changes: Any) -> State:
     # Continue sites build from already-valid parts: a copy without re-validating (`model_copy` does the
     # same through six Python calls; the loop makes two States per turn).
-    return _built({**state.__dict__, **changes}, state.__pydantic_fields_set__ | changes.keys())
+    fields = state.__pydantic_fields_set__
+    if not changes.keys() <= fields:
+        fields = _shared_fields_set(fields | changes.keys())
+    return _built({**state.__dict__, **changes}, fields)
+
+
+_INITIAL_FIELDS = {"messages"}
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+"""The fields-sets of the States the continue sites build, one object per distinct set (a handful): a State
+lives through its iteration, and a set of its own would be one more object in flight per loop. Never
+changed in place: a State is frozen, and pydantic's `model_copy` copies the set before it adds to it."""
+
+
+def _shared_fields_set(fields: set[str]) -> set[str]:
+    return _FIELDS_SETS.setdefault(frozenset(fields), fields)
 
 
 def _built(values: dict[str, Any], fields_set: set[str]) -> State:

@@ -18,8 +18,10 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Annotated, Any, Literal, Self
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, model_validator
+from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, model_validator
+from pydantic.dataclasses import dataclass
 
+from queryloop.runtime.loop.events import Model
 from queryloop.runtime.loop.json_text import dumps
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelRequest
 
@@ -47,11 +49,15 @@ Blocks = Annotated[list[dict[str, Any]], PlainValidator(_blocks, json_schema_inp
 """A reply's content: a list of Messages API content blocks (dicts)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_STRICT = ConfigDict(extra="forbid")
+
+# Slotted pydantic dataclasses, not models: validated as models are (their `__init__` too, and
+# `model_validate` through `Model`), but each one GC-tracked object where a model is three (the instance,
+# its `__dict__`, its fields-set). A host builds a script per loop, and its entries live as long as the loop.
 
 
-class ScriptedUsage(_Strict):
+@dataclass(frozen=True, slots=True, kw_only=True, config=_STRICT)
+class ScriptedUsage(Model):
     input_tokens: int = 0
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
@@ -71,7 +77,8 @@ class ScriptedUsage(_Strict):
         return self
 
 
-class ScriptedReply(_Strict):
+@dataclass(frozen=True, slots=True, kw_only=True, config=_STRICT)
+class ScriptedReply(Model):
     content: Blocks
     stop_reason: Literal[
         "end_turn", "tool_use", "max_tokens", "stop_sequence", "pause_turn", "refusal", "model_context_window_exceeded"
@@ -83,7 +90,8 @@ class ScriptedReply(_Strict):
     truncate_last_block: bool = False
 
 
-class ScriptedError(_Strict):
+@dataclass(frozen=True, slots=True, kw_only=True, config=_STRICT)
+class ScriptedError(Model):
     error: Literal["prompt_too_long", "overloaded", "rate_limit", "api_error", "connection", "fallback", "image_size"]
     retry_after_s: float | None = None
     after_events: int = 0
