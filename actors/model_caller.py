@@ -55,7 +55,7 @@ from queryloop.runtime.loop.model import MAX_TOKENS_KINDS, FallbackTriggered, Mo
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from pykka import ActorRef
 
@@ -68,10 +68,9 @@ PROMPT_TOO_LONG_ERROR_MESSAGE = "Prompt is too long"
 class CallProgress:
     """What a call's stream has reported so far, kept current by the ModelCaller.
 
-    The QueryLoop reads it when it bills a call that was cut short (an abort): the
-    spend the stream reported is kept. Raw `usage` objects, turned into a `Usage`
-    only then. Also whether the consumer has gone (reported to the loop once), and whether the
-    loop has cut the call.
+    The QueryLoop reads it when it bills a call that was cut short (an abort): the spend the stream reported is
+    kept. Raw `usage` objects, turned into a `Usage` only then. Also whether the consumer has gone (reported to
+    the loop once), and whether the loop has cut the call.
     """
 
     __slots__ = ("consumer_gone", "cut", "delta_usage", "held", "start_usage")
@@ -102,17 +101,16 @@ class ConsumerGone(Message):
 class CallFeed:
     """One query's model calls, run in order by one task of the ModelCaller (see the module docstring).
 
-    Made by the QueryLoop, one per query, and used on the trio thread only. The loop's side:
-    `accepting` (a task serves the feed: `feed` a call to it; else send it as a `StartCall`),
-    `feed` and `close`. The ModelCaller's side: `serving` (the scope of the task serving it) and
-    `next_call`, which waits for the loop's next call without a checkpoint when one is queued.
+    Made by the QueryLoop, one per query, and used on the trio thread only. The loop's side: `accepting` (a task
+    serves the feed: `feed` a call to it; else send it as a `StartCall`), `feed` and `close`. The ModelCaller's
+    side: `serving` (the scope of the task serving it), `wait` and `take` (the loop's next call, without a
+    checkpoint when one is queued).
     """
 
     __slots__ = ("_calls", "_on_served", "calling", "serving")
 
     def __init__(self) -> None:
-        # A few calls per query, each `push`ed: the bound never waits.
-        self._calls: EventChannel[StartCall] = EventChannel(1)
+        self._calls: EventChannel[StartCall] = EventChannel(1)  # a few calls a query, each `push`ed: never waits
         self._on_served: Callable[[], None] | None = None
         self.serving: trio.CancelScope | None = None
         """The cancel scope of the ModelCaller's task serving this feed (None: no task serves it)."""
@@ -147,10 +145,12 @@ class CallFeed:
             else:
                 self._on_served = then
 
-    async def next_call(self) -> StartCall | None:
-        """The ModelCaller's side: the next call, or None once the feed is closed and drained."""
-        calls = self._calls
-        return calls.take() if await calls.wait() else None
+    def wait(self) -> Awaitable[bool]:
+        """The ModelCaller's side: True when the next call may be `take`n, False at the end (the channel's own wait)."""
+        return self._calls.wait()
+
+    def take(self) -> StartCall:
+        return self._calls.take()
 
     def served(self) -> None:
         """The ModelCaller's side: the task serving the feed has ended."""
@@ -226,8 +226,8 @@ class _Tries:
 
 _FORWARDED_AS_THEY_ARE = ("content_block_start", "content_block_stop", "message_stop")
 """Event types that are forwarded unchecked when they come in a plain dict, as a `content_block_delta` is: their
-`type` is a string, and they carry no usage (`message_start` and `message_delta` do, and `_noted` notes it).
-A tuple: an unhashable `type` (a malformed event) must reach `_noted`, not raise in a set's lookup."""
+`type` is a string, and they carry no usage (`message_start` and `message_delta` do, and `_noted` notes it). A
+tuple: an unhashable `type` (a malformed event) must reach `_noted`, not raise in a set's lookup."""
 
 
 def _noted(raw: Any, kind: Any, progress: CallProgress) -> Any:
@@ -331,7 +331,7 @@ class ModelCaller(TrioActor):
                 # Nothing of this call is kept while the next is awaited: at a thousand loops in flight, each
                 # one's last request, turn channel and end were that many more objects for the collector.
                 del call, tries, ended
-                call = await feed.next_call()
+                call = feed.take() if await feed.wait() else None
         finally:
             if feed.serving is mine:
                 feed.calling = False

@@ -172,6 +172,7 @@ class PriorityInbox:
         "_thread",
         "_token",
         "_urgent",
+        "stopped",
     )
 
     def __init__(self, actor: Recipient, token: TrioToken, thread: int, dispatcher: Dispatcher) -> None:
@@ -188,6 +189,23 @@ class PriorityInbox:
         self._scheduled = False
         self._closed: str | None = None
         """Why mail is refused (None: it is not)."""
+        self.stopped = False
+        """The actor's stopped flag (`is_set`), set when it stops or crashes; a bool, read from any thread."""
+
+    # -- the actor's stopped flag -----------------------------------------------------
+    # pykka's `Actor.actor_stopped` is a `threading.Event` (a Condition, a Lock and a deque per actor) of which
+    # only `is_set()` and `set()` are used: a `TrioActor`'s is its inbox, through these two (an object fewer
+    # per actor, and its refs' `tell` reads `stopped` on the inbox it holds anyway).
+
+    def is_set(self) -> bool:
+        return self.stopped
+
+    def set(self) -> None:
+        self.stopped = True
+
+    def actor(self) -> Recipient | None:
+        """The actor until it stops (`close`), else None: what a `TrioActorRef` has for pykka's weakref."""
+        return self._actor
 
     def put(self, envelope: Envelope[Any], /) -> None:
         if threading.get_ident() == self._thread:

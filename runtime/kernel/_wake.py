@@ -72,11 +72,16 @@ def _trap() -> object | None:
 _PARKED = _trap()
 
 
+def woken(outcome: Outcome[Any]) -> None:
+    """What a task parked on trio's trap was sent: a plain wake, or the cancellation (or KeyboardInterrupt)
+    trio delivered instead, raised here."""
+    if outcome is not WOKEN:
+        outcome.unwrap()
+
+
 @types.coroutine
 def _park_with_trap() -> Generator[object, Outcome[Any], None]:
-    woken = yield _PARKED
-    if woken is not WOKEN:
-        woken.unwrap()  # raises the cancellation (or KeyboardInterrupt) trio delivered instead
+    woken((yield _PARKED))
 
 
 async def _park_public() -> None:
@@ -86,4 +91,7 @@ async def _park_public() -> None:
 park: Callable[[], Awaitable[None]] = (
     _park_public if _PARKED is None else cast("Callable[[], Awaitable[None]]", _park_with_trap)
 )
-"""Park the current task until it is rescheduled; a cancellation is raised (see the module's docstring)."""
+"""Park the current task until it is rescheduled; a cancellation is raised (see the module's docstring).
+
+A generator-based coroutine that parks while it is awaited (`EventChannel.wait`) may yield `_PARKED` itself
+when `park` is `_park_with_trap`, and pass what it is sent to `woken`: no generator of `park`'s per wait."""

@@ -107,36 +107,32 @@ def _idle_ack(name: str) -> AbortAck:
     return AbortAck(actor=name, cancelled_work=0)
 
 
-class _StoppedFlag:
-    """The actor's stopped flag: `is_set()` / `set()` as on the `threading.Event` pykka uses.
-
-    Set once, read from any thread: a bool read is atomic, no lock is needed.
-    """
-
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        self._set = True
-
-
 class TrioActorRef(ActorRef[A]):
     """pykka's `ActorRef`, with a `stop()` whose non-blocking future trio can await."""
 
+    actor_inbox: PriorityInbox
+
+    def __init__(self, actor: A) -> None:
+        # pykka's, but for its weakref to the actor (below): one object fewer per actor.
+        self.actor_class = actor.__class__
+        self.actor_urn = actor.actor_urn
+        self.actor_inbox = actor.actor_inbox  # a TrioActor's is a PriorityInbox
+        self.actor_stopped = actor.actor_stopped  # type: ignore[assignment]  # the inbox: see `TrioActor.__init__`
+
+    @property
+    def _actor_weakref(self) -> Callable[[], A | None]:  # type: ignore[override]
+        """pykka's weakref to the actor (its proxies call it): the inbox holds the actor until it stops."""
+        return self.actor_inbox.actor  # type: ignore[return-value]
+
     def tell(self, message: Any) -> None:
         """pykka's `tell`, reading the stopped flag itself: no two calls (`is_alive`, `is_set`) per message."""
-        if self.actor_stopped._set:  # type: ignore[attr-defined]  # noqa: SLF001 - our `_StoppedFlag`
+        inbox = self.actor_inbox
+        if inbox.stopped:
             msg = f"{self} not found"
             raise ActorDeadError(msg)
-        inbox = self.actor_inbox
         # Mail an idle actor can take now (most mail) is handled without an envelope; a supervisor message
         # (its own lane) or mail that must queue goes through `put`.
-        if not inbox.deliver_now(message):  # type: ignore[attr-defined]
+        if not inbox.deliver_now(message):
             inbox.put(Envelope(message))
 
     def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
@@ -168,7 +164,8 @@ class TrioActor(pykka.Actor):
     actor_name: ClassVar[str | None] = None
     """Name used in logs and `AbortAck`s; the class name when not set."""
 
-    actor_stopped: _StoppedFlag  # type: ignore[assignment]  # pykka's is a `threading.Event`: ours has its interface
+    actor_inbox: PriorityInbox  # pykka's `ActorInbox`, and more (`set_gate`, `stopped`)
+    actor_stopped: PriorityInbox  # type: ignore[assignment]  # pykka's is a `threading.Event`: ours has its interface
 
     _work_task_name: ClassVar[str] = "queryloop.TrioActor work"
     """The name of this class's work tasks in trio (made once per class: trio would format one per task)."""
@@ -192,11 +189,11 @@ class TrioActor(pykka.Actor):
             )
             raise NotInSession(msg)
         # pykka.Actor.__init__'s contract (urn, inbox, stopped flag, ref), made cheaper: a counter
-        # URN instead of uuid4, and a plain flag instead of a threading.Event (Condition, Lock and
+        # URN instead of uuid4, and the inbox's flag instead of a threading.Event (Condition, Lock and
         # deque, for every actor of every session) since only is_set()/set() are ever used.
         self.actor_urn = f"urn:queryloop:{supervisor.session_id}:{next(_urns)}"
         self.actor_inbox = PriorityInbox(self, supervisor._token, supervisor._thread, supervisor._dispatcher)  # noqa: SLF001
-        self.actor_stopped = _StoppedFlag()
+        self.actor_stopped = self.actor_inbox  # the inbox carries the stopped flag (`PriorityInbox.is_set`)
         self._actor_ref = TrioActorRef(self)
         self.supervisor: ActorGroup = supervisor
         self._state = _NEW
@@ -243,7 +240,7 @@ class TrioActor(pykka.Actor):
             except Exception as error:  # noqa: BLE001 - a crash of this actor, reported to its supervisor
                 self._crash(error)
                 return
-        self.actor_inbox.set_gate(OPEN)  # type: ignore[attr-defined]
+        self.actor_inbox.set_gate(OPEN)
 
     # -- extension points of our own ----------------------------------------------
 
@@ -277,7 +274,7 @@ class TrioActor(pykka.Actor):
             except Exception as error:  # noqa: BLE001 - a crash of this actor, reported to its supervisor
                 self._crash(error)
 
-        self.actor_inbox._dispatcher.after_handlers(guarded)  # type: ignore[attr-defined]  # noqa: SLF001
+        self.actor_inbox._dispatcher.after_handlers(guarded)  # noqa: SLF001
 
     def start_work(
         self, async_fn: Callable[..., Awaitable[Any]], *args: Any, abortable: bool = True
@@ -310,7 +307,7 @@ class TrioActor(pykka.Actor):
         if kind is _ActorStop:
             self._begin_stop(reply_to)  # pykka answers a stop once on_stop has run
             return
-        dispatcher = self.actor_inbox._dispatcher  # type: ignore[attr-defined]  # noqa: SLF001
+        dispatcher = self.actor_inbox._dispatcher  # noqa: SLF001
         dispatcher.current = self
         try:
             # pykka's `_handle_receive` tests every message against its proxy messages first; ours go straight on.
@@ -373,10 +370,18 @@ class TrioActor(pykka.Actor):
         self, coro: Coroutine[Any, Any, Any], reply_to: TrioFuture[Any] | None, scope: trio.CancelScope
     ) -> None:
         try:
-            with scope:
+            # `with scope:` written out: a `with` keeps its bound `__exit__` on the suspended frame, one object
+            # more per piece of work in flight (two or three a loop, at every collection).
+            scope.__enter__()
+            try:
                 result = await coro
                 if reply_to is not None:
                     reply_to.set(result)
+            except BaseException as raised:
+                if not scope.__exit__(type(raised), raised, raised.__traceback__):
+                    raise
+            else:
+                scope.__exit__(None, None, None)
         except Exception as error:  # noqa: BLE001 - to the asker, or a crash of this actor
             if reply_to is None:
                 self._crash(error)
@@ -393,7 +398,7 @@ class TrioActor(pykka.Actor):
         if self._state == _ABORTING and not self._abortable_work:
             self._state = _RUNNING
             self._send_abort_acks()
-            self.actor_inbox.set_gate(OPEN)  # type: ignore[attr-defined]
+            self.actor_inbox.set_gate(OPEN)
         elif self._state == _STOPPING and not self._work:
             self._finish()
 
@@ -424,7 +429,7 @@ class TrioActor(pykka.Actor):
         self._abort_acks.append((reply_to, cancelled))
         if self._state == _RUNNING:
             self._state = _ABORTING
-            self.actor_inbox.set_gate(URGENT_ONLY)  # type: ignore[attr-defined]
+            self.actor_inbox.set_gate(URGENT_ONLY)
 
     def _send_abort_acks(self) -> None:
         acks, self._abort_acks = self._abort_acks or [], None
@@ -435,9 +440,9 @@ class TrioActor(pykka.Actor):
     def _shut_down(self) -> None:
         """`Shutdown`, from the supervisor: handled at once when its mail would be, without the mail
         (nothing, when the actor has stopped, or crashed and is stopping)."""
-        if self.actor_stopped._set:  # noqa: SLF001 - the flag is this module's
+        if self.actor_inbox.stopped:
             return
-        if not self.actor_inbox.handle_urgent_now(self._begin_stop):  # type: ignore[attr-defined]
+        if not self.actor_inbox.handle_urgent_now(self._begin_stop):
             self.actor_ref.tell(_SHUTDOWN)
 
     def _begin_stop(self, reply_to: TrioFuture[Any] | None = None) -> None:
@@ -451,13 +456,13 @@ class TrioActor(pykka.Actor):
         if not work:
             self._finish()  # nothing to unwind: the inbox closes now, with no gate in between
             return
-        self.actor_inbox.set_gate(URGENT_ONLY)  # type: ignore[attr-defined]
+        self.actor_inbox.set_gate(URGENT_ONLY)
         for scope in work:
             scope.cancel()
 
     def _finish(self) -> None:
         self._state = _STOPPED
-        self.actor_stopped._set = True  # noqa: SLF001 - the flag is this module's
+        self.actor_inbox.stopped = True
         if self._has_on_stop and not self._crashed:
             try:
                 self.on_stop()
@@ -465,7 +470,7 @@ class TrioActor(pykka.Actor):
                 self.log.exception("on_stop raised")
         # A string, not the actor (no actor <-> inbox cycle); formatted now, as cheap as a closure to format it later.
         why = f"{type(self).__name__} ({self.actor_urn}) stopped before handling the message"
-        self.actor_inbox.close(why)  # type: ignore[attr-defined]
+        self.actor_inbox.close(why)
         if self._abort_acks:
             self._send_abort_acks()
         if self._stop_reply is not None:
@@ -480,7 +485,7 @@ class TrioActor(pykka.Actor):
         while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
             error = error.exceptions[0]
         self._crashed = True
-        self.actor_stopped._set = True  # noqa: SLF001 - the flag is this module's
+        self.actor_inbox.stopped = True
         self.log.opt(exception=error).error("actor crashed")
         try:
             self.on_failure(type(error), error, error.__traceback__)

@@ -34,14 +34,16 @@ Everything runs on the trio thread: no locks.
 
 from __future__ import annotations
 
+import types
 from collections import deque
-from typing import Generic, NoReturn, TypeVar
+from collections.abc import Generator
+from typing import Any, Generic, NoReturn, TypeVar
 
 import trio
 from outcome import Error  # trio's own result type, what `reschedule` takes
 from trio.lowlevel import Abort, RaiseCancelT, Task, current_task, reschedule, wait_task_rescheduled
 
-from queryloop.runtime.kernel._wake import WOKEN, park
+from queryloop.runtime.kernel._wake import _PARKED, WOKEN, _park_with_trap, park, woken
 
 T = TypeVar("T")
 
@@ -149,8 +151,13 @@ class EventChannel(Generic[T]):
         self.items.append(queued)
         reschedule(task, WOKEN)
 
-    async def wait(self) -> bool:
-        """Wait until an item is buffered (True) or the channel is closed and empty (False)."""
+    @types.coroutine
+    def wait(self) -> Generator[Any, Any, bool]:
+        """Wait until an item is buffered (True) or the channel is closed and empty (False).
+
+        Awaited as any coroutine (`await channel.wait()`), but a generator that yields trio's trap itself
+        (`_wake.park`'s): a consumer parked here holds one object, not a coroutine awaiting `park()`'s
+        generator (the consumers of thousands of sessions are parked at any moment)."""
         if self.items:
             return True
         if self._closed:
@@ -160,7 +167,10 @@ class EventChannel(Generic[T]):
         receiver = self.receiver = current_task()
         receiver.custom_sleep_data = self
         try:
-            await park()
+            if park is _park_with_trap:
+                woken((yield _PARKED))  # what `park()` does, without its generator
+            else:  # trio's public call (a trio that moved its trap class)
+                yield from park().__await__()
         except BaseException:
             if self.receiver is receiver:
                 self.receiver = None  # cancelled: hold no task that is not parked here
