@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.messages import Message, record
-from queryloop.runtime.loop.events import Usage
+from queryloop.runtime.loop.events import NO_USAGE, Usage
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
 from queryloop.runtime.loop.token_budget import BudgetTracker, TokenBudgetDecision, check_token_budget
 
@@ -143,9 +143,9 @@ class BudgetLedger:
         self.above = above
         """A subagent's: every accounted cost is reported to its parent through it, at once."""
         self._above_exceeded = False
-        self.session_usage = Usage()
+        self.session_usage = NO_USAGE  # a frozen record: one zero serves every ledger until its first call
         self.session_cost_usd = 0.0
-        self.query_usage = Usage()
+        self.query_usage = NO_USAGE
         self.query_cost_usd = 0.0
         self._query_max: float | None = None
         self._pricing: Pricing | None = None
@@ -163,7 +163,7 @@ class BudgetLedger:
         pricing: Pricing | None = None,
     ) -> None:
         """Reset the per-query ledger (`BeginQuery`)."""
-        self.query_usage, self.query_cost_usd = Usage(), 0.0
+        self.query_usage, self.query_cost_usd = NO_USAGE, 0.0
         self._query_max = max_budget_usd
         self._priced_model, self._pricing = model, pricing
         self._token_budget, self._tracker = token_budget, None if token_budget is None else BudgetTracker()
@@ -177,7 +177,7 @@ class BudgetLedger:
         self.query_cost_usd += cost
         self.session_usage = self.session_usage + usage
         self.session_cost_usd += cost
-        if self.above is not None and self.above(usage if query_usage else Usage(), cost):
+        if self.above is not None and self.above(usage if query_usage else NO_USAGE, cost):
             self._above_exceeded = True
         return cost
 

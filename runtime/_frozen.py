@@ -1,13 +1,15 @@
-"""`EMPTY_LIST` and `EMPTY_DICT`: one shared, unchangeable empty list and dict, for defaults.
+"""`EMPTY_LIST`, `EMPTY_DICT` and `EMPTY_SET`: one shared, unchangeable empty list, dict and set, for defaults.
 
 A model whose list and dict fields default to `Field(default_factory=list)` gets a fresh empty
 container per instance, and every one of them is a GC-tracked object for as long as the instance
 lives. `QueryOptions` has ten such fields and a session holds its options from open to close: ten
 objects per session, in flight for every loop a host runs (what the collector walks and promotes;
-docs/collector.md). These two are the defaults instead: a `list` and a `dict` (so `isinstance`, `==`,
+docs/collector.md). These are the defaults instead: a `list`, a `dict` and a `set` (so `isinstance`, `==`,
 iteration, `len`, JSON and pydantic's serializers treat them as the empty containers they are) that
 refuse to change, since every default shares them. Copies (`copy`, `deepcopy`, pickling, Ray's
-cloudpickle) give the same shared object back.
+cloudpickle) give the same shared object back. A field that is written to later starts as one of these
+where most instances never write to it, and is replaced by a container of its own at its first write
+(`field is EMPTY_LIST`: made now).
 
 A layer of its own at the bottom, as `_records` is: it imports nothing of ours.
 """
@@ -64,8 +66,31 @@ class FrozenEmptyDict(dict[Any, Any]):
         return "{}"
 
 
+class FrozenEmptySet(set[Any]):
+    """The empty set every set default shares (`EMPTY_SET`): reads as `set()`, refuses every change."""
+
+    __slots__ = ()
+
+    add = discard = remove = pop = clear = update = _refuse
+    difference_update = intersection_update = symmetric_difference_update = _refuse
+    __ior__ = __iand__ = __isub__ = __ixor__ = _refuse
+
+    def __copy__(self) -> FrozenEmptySet:
+        return self
+
+    def __deepcopy__(self, _memo: Any) -> FrozenEmptySet:
+        return self
+
+    def __reduce__(self) -> str:
+        return "EMPTY_SET"
+
+    def __repr__(self) -> str:
+        return "set()"
+
+
 EMPTY_LIST = FrozenEmptyList()
 EMPTY_DICT = FrozenEmptyDict()
+EMPTY_SET = FrozenEmptySet()
 
 
 def empty_list() -> Any:
@@ -76,3 +101,8 @@ def empty_list() -> Any:
 def empty_dict() -> Any:
     """`Field(default_factory=empty_dict)`: the shared `EMPTY_DICT`."""
     return EMPTY_DICT
+
+
+def empty_set() -> Any:
+    """`field(default_factory=empty_set)`: the shared `EMPTY_SET`."""
+    return EMPTY_SET

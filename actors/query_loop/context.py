@@ -120,7 +120,7 @@ class QueryLoopContext(QueryLoopEnding):
             await self._emit(run, notice)
             if run.structured is None:
                 return Terminal(reason="completed", error=notice.content)
-            run.hook_errors.append(notice.content)  # the hooks are overridden, not the demand for an answer
+            run.add_hook_errors((notice.content,))  # the hooks are overridden, not the demand for an answer
         if blocking:
             run.transitions.append("stop_hook_blocking")
             return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
@@ -366,7 +366,7 @@ class QueryLoopContext(QueryLoopEnding):
         return _out_of_attempts(run, structured)
 
     async def _hook_error(self, run: Run, message: SystemMessage) -> None:
-        run.hook_errors.append(message.content)
+        run.add_hook_errors((message.content,))
         await self._emit(run, message)
 
     @staticmethod

@@ -16,7 +16,7 @@ import trio
 
 from queryloop.actors.budget_guard import BudgetStatus, RecordUsage, SettleQuery
 from queryloop.actors.query_loop.messages import Settled
-from queryloop.actors.query_loop.run import Run, Turn
+from queryloop.actors.query_loop.run import Run, Turn, add_tool_results
 from queryloop.actors.query_loop.turn import QueryLoopTurns
 from queryloop.runtime.kernel.actor import TrioActorRef
 from queryloop.runtime.kernel.messages import Abort
@@ -188,9 +188,10 @@ class QueryLoopEnding(QueryLoopTurns):
             run.usage = run.usage + streamed
             run.unsettled.append((run.model, streamed))
         for message in missing_tool_results(turn.assistant_messages, turn.tool_results, text):
-            turn.tool_results.append(message)
+            add_tool_results(turn, (message,))
             self._emit_now(run, message)
-        turn.pending.clear()
+        if turn.pending:
+            turn.pending.clear()
 
     async def _stop_workers(self) -> None:
         """Cancel whatever the query's helpers still run (model call, tools, summary, compaction); wait for it.

@@ -12,6 +12,7 @@ from queryloop.actors.compactor import ContextConfig
 from queryloop.actors.model_caller import CallEnded, CallFeed, CallProgress
 from queryloop.actors.query_loop.messages import QueryControl
 from queryloop.actors.tool_executor import ToolResult
+from queryloop.runtime._frozen import EMPTY_LIST, empty_list, empty_set
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo
@@ -30,6 +31,7 @@ from queryloop.runtime.loop.structured_output import StructuredAnswer
 from queryloop.runtime.loop.transcript import IncrementalNormalizer
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from types import TracebackType
 
     from queryloop.runtime.kernel._future import TrioFuture
@@ -48,9 +50,11 @@ class Turn:
     channel: EventChannel[Any]
     """The call's events and its tools' results, in production order."""
     assistant_messages: list[AssistantMessage] = field(default_factory=list)
-    tool_results: list[TranscriptMessage] = field(default_factory=list)
-    tool_ids: list[str] = field(default_factory=list)
-    pending: set[str] = field(default_factory=set)
+    # The shared empties until the turn's first tool use (`note_assistant`) or result (`add_tool_results`): a
+    # turn that ends the query has none, and its containers would be three objects more in flight at its end.
+    tool_results: list[TranscriptMessage] = field(default_factory=empty_list)
+    tool_ids: list[str] = field(default_factory=empty_list)
+    pending: set[str] = field(default_factory=empty_set)
     ended: CallEnded | None = None
     prevent_continuation: bool = False
     response_closed: bool = False
@@ -112,8 +116,9 @@ class Run:
     """The query's structured answer so far, when its options have an `output_type`."""
     structured_output: dict[str, Any] | None = None
     """The valid answer (its JSON form) that ended the query: the `result`'s `structured_output`."""
-    hook_errors: list[str] = field(default_factory=list)
-    """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own."""
+    hook_errors: list[str] = field(default_factory=empty_list)
+    """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own
+    (`add_hook_errors`; the shared empty list until the first)."""
     oversized_scan: OversizedResultScan = field(default_factory=OversizedResultScan)
     """Whether the conversation holds an oversized tool result, each message looked at once (`_prepare`).
     The session's, shared by its queries (`QueryLoop`), as `normalizer` is."""
@@ -127,6 +132,11 @@ class Run:
     context_message: UserMessage | None = None
     """The user context's message, made once per context (`QueryLoop`): the same object heads every
     request's messages, so that `normalizer` finds them unchanged."""
+
+    def add_hook_errors(self, texts: Iterable[str]) -> None:
+        if self.hook_errors is EMPTY_LIST:
+            self.hook_errors = []
+        self.hook_errors.extend(texts)
 
     def abort(self, reason: AbortReason) -> None:
         """Record the abort; cancel the phase in flight, or wake the loop waiting on its turn."""
@@ -194,8 +204,17 @@ def note_assistant(turn: Turn, message: AssistantMessage) -> None:
     turn.assistant_messages.append(message)
     for block in message.content:
         if block.get("type") == "tool_use":
+            if turn.tool_ids is EMPTY_LIST:
+                turn.tool_ids, turn.pending = [], set()
             turn.tool_ids.append(block["id"])
             turn.pending.add(block["id"])
+
+
+def add_tool_results(turn: Turn, messages: Iterable[TranscriptMessage]) -> None:
+    """Messages join the turn's tool results (its own list made at the first)."""
+    if turn.tool_results is EMPTY_LIST:
+        turn.tool_results = []
+    turn.tool_results.extend(messages)
 
 
 def accept_result(run: Run, turn: Turn, result: ToolResult) -> list[TranscriptMessage]:
@@ -205,10 +224,12 @@ def accept_result(run: Run, turn: Turn, result: ToolResult) -> list[TranscriptMe
         return []  # answered already, or not of this turn
     turn.pending.discard(result.tool_use_id)
     if not result.hook_messages:
+        if turn.tool_results is EMPTY_LIST:
+            turn.tool_results = []
         turn.tool_results.append(result.message)
         return [result.message]
     turn.prevent_continuation |= result.prevent_continuation
-    run.hook_errors.extend(m.content for m in result.hook_messages if type(m) is SystemMessage)
+    run.add_hook_errors(m.content for m in result.hook_messages if type(m) is SystemMessage)
     messages: list[TranscriptMessage] = [result.message, *result.hook_messages]
-    turn.tool_results.extend(messages)
+    add_tool_results(turn, messages)
     return messages

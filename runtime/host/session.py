@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Self
 import trio
 
 from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, Refused, Settled, run_query
+from queryloop.runtime._frozen import EMPTY_LIST
 from queryloop.runtime.errors import QueryInProgress, SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.events import (
@@ -63,7 +64,8 @@ class QueryHandle:
         self._control = control
         self._transcript = transcript
         self.terminal: Terminal | None = None
-        self.transitions: list[ContinueReason] = []
+        self.transitions: list[ContinueReason] = EMPTY_LIST
+        """The query's continue reasons, in order, once it has ended (the shared empty list until then)."""
         self.result: ResultMessage | None = None
 
     @property

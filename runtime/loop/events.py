@@ -146,6 +146,9 @@ class Usage(Model):
         return dataclasses.replace(total, cache_creation_1h_input_tokens=one_hour) if one_hour else total
 
 
+NO_USAGE = Usage()
+"""Zero usage: one frozen record, shared by every total that has counted nothing yet."""
+
 usage_of: Callable[[int, int, int, int], Usage] = maker(
     Usage, "input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"
 )

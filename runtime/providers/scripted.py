@@ -13,8 +13,9 @@ while the stream is still open.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Annotated, Any, Literal, Self
 
 import trio
@@ -113,66 +114,70 @@ def _estimate_tokens(payload: Any) -> int:
 
 
 def reply_events(reply: ScriptedReply, *, model: str, message_id: str, input_tokens: int) -> list[dict[str, Any]]:
-    """The full event sequence of a reply, as the Messages API streams it.
+    """The full event sequence of a reply, as the Messages API streams it (`iter_reply_events`, listed)."""
+    return list(iter_reply_events(reply, model=model, message_id=message_id, input_tokens=input_tokens))
+
+
+def iter_reply_events(
+    reply: ScriptedReply, *, model: str, message_id: str, input_tokens: int
+) -> Iterator[dict[str, Any]]:
+    """The event sequence of a reply, as the Messages API streams it, each event made as it is taken.
 
     Its usage is the scripted one; without one, `input_tokens` and an estimate of the reply's output.
+    Made one by one, as a stream's events arrive: a reply's events are not all alive at once (a loop
+    streaming its reply held them all, a dozen objects more in flight).
     """
     usage = reply.usage or ScriptedUsage(input_tokens=input_tokens, output_tokens=_estimate_tokens(reply.content))
-    events: list[dict[str, Any]] = [
-        {
-            "type": "message_start",
-            "message": {
-                "id": message_id,
-                "type": "message",
-                "role": "assistant",
-                "model": model,
-                "content": [],
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": {
-                    "input_tokens": usage.input_tokens,
-                    "output_tokens": 1,
-                    "cache_creation_input_tokens": usage.cache_creation_input_tokens,
-                    "cache_read_input_tokens": usage.cache_read_input_tokens,
-                },
-            },
-        }
-    ]
+    start_usage: dict[str, Any] = {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": 1,
+        "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+        "cache_read_input_tokens": usage.cache_read_input_tokens,
+    }
     if one_hour := usage.cache_creation_1h_input_tokens:
         five_minutes = usage.cache_creation_input_tokens - one_hour
-        events[0]["message"]["usage"]["cache_creation"] = {
-            "ephemeral_5m_input_tokens": five_minutes,
-            "ephemeral_1h_input_tokens": one_hour,
-        }
+        split = {"ephemeral_5m_input_tokens": five_minutes, "ephemeral_1h_input_tokens": one_hour}
+        start_usage["cache_creation"] = split
+    yield {
+        "type": "message_start",
+        "message": {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": start_usage,
+        },
+    }
     last = len(reply.content) - 1
     for index, block in enumerate(reply.content):
-        _add_block_events(events, index, block, cut=reply.truncate_last_block and index == last)
+        yield from _block_events(index, block, cut=reply.truncate_last_block and index == last)
     delta: dict[str, Any] = {"stop_reason": reply.stop_reason, "stop_sequence": None}
     if reply.stop_details is not None:
         delta["stop_details"] = reply.stop_details
-    events.append({"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage.output_tokens}})
-    events.append({"type": "message_stop"})
-    return events
+    yield {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage.output_tokens}}
+    yield {"type": "message_stop"}
 
 
 def _chunks(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def _add_block_events(events: list[dict[str, Any]], index: int, block: dict[str, Any], *, cut: bool) -> None:
-    """Append one content block's events (start, deltas, stop) to `events`."""
+def _block_events(index: int, block: dict[str, Any], *, cut: bool) -> Iterator[dict[str, Any]]:
+    """One content block's events (start, deltas, stop)."""
     kind = block.get("type")
-    add = events.append
     if kind == "text":
         text: str = block.get("text", "")
-        add({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
+        yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
         # A text of one chunk (most of them) skips the slicing loop.
         chunks = [text] if len(text) <= TEXT_CHUNK else _chunks(text, TEXT_CHUNK)
         for chunk in chunks:
-            add({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": chunk}})
+            yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": chunk}}
     elif kind in ("tool_use", "server_tool_use"):
         start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
-        add({"type": "content_block_start", "index": index, "content_block": start})
+        yield {"type": "content_block_start", "index": index, "content_block": start}
         raw = dumps(block.get("input", {}))  # json.dumps's text, the wire's partial_json
         fragments = ["", raw] if len(raw) <= JSON_CHUNK else ["", *_chunks(raw, JSON_CHUNK)]
         if cut:  # a max_tokens cut: the JSON stops half-way and no content_block_stop follows
@@ -180,40 +185,32 @@ def _add_block_events(events: list[dict[str, Any]], index: int, block: dict[str,
             if "".join(fragments) == raw:  # too short to halve: drop the closing brace at least
                 fragments[-1] = fragments[-1][:-1]
         for fragment in fragments:
-            add(
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": fragment},
-                }
-            )
+            yield {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": fragment},
+            }
         if cut:
             return
     elif kind == "thinking":
-        add(
-            {
-                "type": "content_block_start",
-                "index": index,
-                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
-            }
-        )
-        add(
-            {
-                "type": "content_block_delta",
-                "index": index,
-                "delta": {"type": "thinking_delta", "thinking": block.get("thinking", "")},
-            }
-        )
-        add(
-            {
-                "type": "content_block_delta",
-                "index": index,
-                "delta": {"type": "signature_delta", "signature": block.get("signature", "sig")},
-            }
-        )
+        yield {
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+        }
+        yield {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "thinking_delta", "thinking": block.get("thinking", "")},
+        }
+        yield {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "signature_delta", "signature": block.get("signature", "sig")},
+        }
     else:  # redacted thinking, server tools, anything newer: arrives whole
-        add({"type": "content_block_start", "index": index, "content_block": block})
-    add({"type": "content_block_stop", "index": index})
+        yield {"type": "content_block_start", "index": index, "content_block": block}
+    yield {"type": "content_block_stop", "index": index}
 
 
 def scripted_error(entry: ScriptedError) -> ModelError | FallbackTriggered:
@@ -278,13 +275,13 @@ class ScriptedModel:
                     await trio.sleep(half)
                 raise scripted_error(entry)
             reply = ScriptedReply(content=entry.content)
-            events = reply_events(reply, model=request.model, message_id=f"msg_{number + 1}", input_tokens=1)
-            for event in events[: entry.after_events]:
+            events = iter_reply_events(reply, model=request.model, message_id=f"msg_{number + 1}", input_tokens=1)
+            for event in itertools.islice(events, entry.after_events):
                 yield event
             raise scripted_error(entry)
         # The estimate dumps the whole request to JSON: only a reply whose usage is not scripted uses it.
         input_tokens = _estimate_tokens(request.messages) if entry.usage is None else 0
-        events = reply_events(
+        events = iter_reply_events(
             entry, model=request.model, message_id=f"msg_{self.name}_{number + 1}", input_tokens=input_tokens
         )
         for event in events:
