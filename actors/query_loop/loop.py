@@ -87,6 +87,22 @@ _NO_CONTEXT: tuple[dict[str, str], UserMessage | None] = (EMPTY_DICT, None)
 """`QueryLoop._context` before any user context: shared, as most sessions never have one."""
 
 
+def _system_prompt(options: QueryOptions) -> list[dict[str, Any]]:
+    """The query's system prompt; without a custom, appended or context part (most sessions), one list for all."""
+    if options.system_prompt is None and not options.append_system_prompt and not options.system_context:
+        return _DEFAULT_SYSTEM
+    return build_system_prompt(
+        DEFAULT_SYSTEM_PROMPT,
+        custom=options.system_prompt,
+        append=options.append_system_prompt,
+        system_context=options.system_context,
+    )
+
+
+_DEFAULT_SYSTEM = build_system_prompt(DEFAULT_SYSTEM_PROMPT)
+"""Shared by every query with the default system prompt (read only: requests and providers never change it)."""
+
+
 class QueryLoop(QueryLoopContext):
     """Owns the loop `State` and the session's conversation; runs one query at a time (module docstring)."""
 
@@ -161,7 +177,9 @@ class QueryLoop(QueryLoopContext):
     def _submit(self, message: RunQuery) -> None:
         if self._run is None:
             self._run = self._new_run(message)
-            self.start_work(self._query, message, abortable=False)
+            # The prompt alone: the message's other parts are the run's now, and its work holds its arguments
+            # for the whole query (one object fewer in flight a loop).
+            self.start_work(self._query, message.prompt, abortable=False)
         elif (self._run.control.abort_reason is not None or self._run.control.decided) and self._queued is None:
             self._queued = message  # it starts as soon as the ending query has ended
         else:
@@ -232,12 +250,7 @@ class QueryLoop(QueryLoopContext):
             sink=message.sink,
             control=message.control,
             model=options.model,
-            system=build_system_prompt(
-                DEFAULT_SYSTEM_PROMPT,
-                custom=options.system_prompt,
-                append=options.append_system_prompt,
-                system_context=options.system_context,
-            ),
+            system=_system_prompt(options),
             tool_schemas=[t.api_schema() for t in tools],
             tools={t.name: t for t in tools},
             started=time.monotonic(),
@@ -245,7 +258,7 @@ class QueryLoop(QueryLoopContext):
             structured=structured,
         )
 
-    async def _query(self, message: RunQuery) -> None:
+    async def _query(self, prompt: UserMessage) -> None:
         run = self._run
         assert run is not None
         try:
@@ -266,7 +279,7 @@ class QueryLoop(QueryLoopContext):
                         pricing=options.pricing,
                     )
                 )
-            self._record(message.prompt)
+            self._record(prompt)
             if self.transcript is not None:
                 self.transcript.write()  # a kill from here on keeps the prompt (a compaction may call a model first)
             state = initial_state(list(self.conversation))
