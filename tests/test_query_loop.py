@@ -739,6 +739,23 @@ async def test_budget_exceeded_ends_with_error_max_budget_usd_overshooting_by_at
         await assert_settled(ran)
 
 
+async def test_budget_exceeded_reports_the_turn_the_capping_call_was_in() -> None:
+    # The second call (turn 2) crosses the cap: the result counts two turns, as a stop on any other
+    # ending does (it said 1 when the budget stop took the query's first State's count).
+    cheap, costly = {"input_tokens": 10, "output_tokens": 1}, {"input_tokens": 200_000, "output_tokens": 1000}
+    async with Runtime.open() as runtime:
+        ran = await run_query(
+            runtime,
+            [tools_reply(tool_use("t1", "read"), usage=cheap), tools_reply(tool_use("t2", "read"), usage=costly)],
+            tools=[scripted_tool("read")],
+            pricing=PRICE,
+            max_budget_usd=0.5,
+        )
+        assert ran.reason == "max_budget_usd" and len(ran.model.requests) == 2
+        assert ran.handle.result is not None and ran.handle.result.num_turns == 2
+        await assert_settled(ran)
+
+
 def test_the_budget_error_prints_the_cap_as_claude_code_does() -> None:
     # Seed 000: `Reached maximum budget ($${maxBudgetUsd})`, a JavaScript number: `$1`, never `$1.0`.
     assert budget_error(1.0, 1.2) == "Reached maximum budget ($1)"

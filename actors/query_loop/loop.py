@@ -282,13 +282,12 @@ class QueryLoop(QueryLoopContext):
             self._record(prompt)
             if self.transcript is not None:
                 self.transcript.write()  # a kill from here on keeps the prompt (a compaction may call a model first)
-            state = initial_state(list(self.conversation))
             if run.options.memory_prefetch is None:
-                terminal, state = await self._run_loop(run, state)
+                terminal, turns = await self._run_loop(run)
             else:
                 async with trio.open_nursery() as prefetch:
-                    prefetch.start_soon(self._prefetch_memory, run, list(state.messages))
-                    terminal, state = await self._run_loop(run, state)
+                    prefetch.start_soon(self._prefetch_memory, run, list(self.conversation))
+                    terminal, turns = await self._run_loop(run)
                     # Disposed on every exit path, as the reference's `using` does.
                     prefetch.cancel_scope.cancel()
             run.calls.close()  # no more model calls: the ModelCaller's task for this query ends when it runs
@@ -298,7 +297,7 @@ class QueryLoop(QueryLoopContext):
                     await self.transcript.flush()  # before the result: a consumer that saw it can rely on the file
                 settled = self._settle(run)
                 totals = settled if isinstance(settled, BudgetStatus) else await settled
-                self._send_outcome(run, terminal, terminal.turn_count or state.turn_count, totals)
+                self._send_outcome(run, terminal, terminal.turn_count or turns, totals)
             await self._stop_workers()  # before the stream ends: then no task of the session runs
         except SessionClosed:
             # A helper could not be spawned: the session is closing, and its stop is cancelling this work.
@@ -313,11 +312,16 @@ class QueryLoop(QueryLoopContext):
             # ModelCaller's task for the query (the stream ends when it has, if it has not yet).
             run.calls.close(then=run.sink.close)
 
-    async def _run_loop(self, run: Run, state: State) -> tuple[Terminal, State]:
+    async def _run_loop(self, run: Run) -> tuple[Terminal, int]:
+        """The query's loop over the conversation as it is now: its end, and the turn it reached (a budget stop's
+        too: the turn of the call that reached the cap)."""
         try:
-            return await self._loop(run, state)
+            # The first State made in the call, not kept in a local: no caller's frame holds it (its dict and
+            # its list of messages would stay in flight for the whole query); each iteration's is the only one.
+            terminal, state = await self._loop(run, initial_state(list(self.conversation)))
         except BudgetExceeded:
-            return self._end_early(run, run.turn, "max_budget_usd"), state
+            return self._end_early(run, run.turn, "max_budget_usd"), run.turn_count
+        return terminal, state.turn_count
 
     async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
         # Each step below that has nothing to do on most iterations is awaited only when it has: an
