@@ -16,7 +16,7 @@ A layer of its own at the bottom, as `_records` is: it imports nothing of ours.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn, Self
 
 
 def _refuse(self: object, *_args: Any, **_kwargs: Any) -> NoReturn:
@@ -24,65 +24,51 @@ def _refuse(self: object, *_args: Any, **_kwargs: Any) -> NoReturn:
     raise TypeError(msg)
 
 
-class FrozenEmptyList(list[Any]):
+class _Shared:
+    """Copies of a shared empty give it back; pickling refers to it by its name in this module."""
+
+    __slots__ = ()
+    _name: ClassVar[str]
+
+    def __copy__(self) -> Self:
+        return self
+
+    def __deepcopy__(self, _memo: Any) -> Self:
+        return self
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+class FrozenEmptyList(_Shared, list[Any]):
     """The empty list every list default shares (`EMPTY_LIST`): reads as `[]`, refuses every change."""
 
     __slots__ = ()
+    _name = "EMPTY_LIST"
 
     append = extend = insert = remove = pop = clear = sort = reverse = _refuse
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
 
-    def __copy__(self) -> FrozenEmptyList:
-        return self
 
-    def __deepcopy__(self, _memo: Any) -> FrozenEmptyList:
-        return self
-
-    def __reduce__(self) -> str:
-        return "EMPTY_LIST"  # pickled by name: unpickled as this module's one instance
-
-    def __repr__(self) -> str:
-        return "[]"
-
-
-class FrozenEmptyDict(dict[Any, Any]):
+class FrozenEmptyDict(_Shared, dict[Any, Any]):
     """The empty dict every dict default shares (`EMPTY_DICT`): reads as `{}`, refuses every change."""
 
     __slots__ = ()
+    _name = "EMPTY_DICT"
 
     __setitem__ = __delitem__ = __ior__ = _refuse
     update = setdefault = pop = popitem = clear = _refuse
 
-    def __copy__(self) -> FrozenEmptyDict:
-        return self
 
-    def __deepcopy__(self, _memo: Any) -> FrozenEmptyDict:
-        return self
-
-    def __reduce__(self) -> str:
-        return "EMPTY_DICT"
-
-    def __repr__(self) -> str:
-        return "{}"
-
-
-class FrozenEmptySet(set[Any]):
+class FrozenEmptySet(_Shared, set[Any]):
     """The empty set every set default shares (`EMPTY_SET`): reads as `set()`, refuses every change."""
 
     __slots__ = ()
+    _name = "EMPTY_SET"
 
     add = discard = remove = pop = clear = update = _refuse
     difference_update = intersection_update = symmetric_difference_update = _refuse
     __ior__ = __iand__ = __isub__ = __ixor__ = _refuse
-
-    def __copy__(self) -> FrozenEmptySet:
-        return self
-
-    def __deepcopy__(self, _memo: Any) -> FrozenEmptySet:
-        return self
-
-    def __reduce__(self) -> str:
-        return "EMPTY_SET"
 
     def __repr__(self) -> str:
         return "set()"
