@@ -3,10 +3,10 @@
 - `errors`: the exception types of every layer; imports nothing of ours.
 - `_records`: `record`, the frozen slotted dataclass that events and actor messages are made of (built
   without validation; pydantic validates them where data enters); imports nothing of ours.
-- `_frozen`: `EMPTY_LIST` and `EMPTY_DICT`, the shared empty defaults (no container per instance in
-  flight); imports nothing of ours.
+- `_frozen`: `EMPTY_LIST`, `EMPTY_DICT` and `EMPTY_SET`, the shared empty defaults (no container per
+  instance in flight); imports nothing of ours.
 - `kernel`: pykka actors scheduled as trio tasks, their inboxes, futures, supervisors and event
-  channels. It knows nothing of agent loops: it imports only `errors` and `_records`.
+  channels. It knows nothing of agent loops: it imports only `errors`, `_records` and `_frozen`.
 - `loop`: what one Claude-Code loop is made of and the pure rules it follows: its events, state and
   continue/terminal decisions, context management, the token budget, the transcript, and the contracts
   it holds with the outside (the model provider protocol, tools, hooks, options). Imports `errors` and `_records`.

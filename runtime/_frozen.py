@@ -20,7 +20,7 @@ from typing import Any, ClassVar, NoReturn, Self
 
 
 def _refuse(self: object, *_args: Any, **_kwargs: Any) -> NoReturn:
-    msg = f"{type(self).__name__}: a shared empty default cannot change; give the field a list or dict of your own"
+    msg = f"{type(self).__name__}: a shared empty default cannot change; give the field a container of your own"
     raise TypeError(msg)
 
 

@@ -224,9 +224,7 @@ def accept_result(run: Run, turn: Turn, result: ToolResult) -> list[TranscriptMe
         return []  # answered already, or not of this turn
     turn.pending.discard(result.tool_use_id)
     if not result.hook_messages:
-        if turn.tool_results is EMPTY_LIST:
-            turn.tool_results = []
-        turn.tool_results.append(result.message)
+        add_tool_results(turn, (result.message,))
         return [result.message]
     turn.prevent_continuation |= result.prevent_continuation
     run.add_hook_errors(m.content for m in result.hook_messages if type(m) is SystemMessage)
