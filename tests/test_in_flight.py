@@ -182,3 +182,27 @@ async def test_an_actors_ref_reaches_it_through_its_inbox_until_it_stops() -> No
 class _Echo(TrioActor):
     def double(self, value: int) -> int:
         return value * 2
+
+
+async def test_a_closed_runtime_refuses_new_sessions_and_is_freed_without_the_collector() -> None:
+    import gc
+    import weakref
+
+    from bench import workload
+    from queryloop.runtime.errors import RuntimeClosed
+
+    gc.disable()
+    try:
+        async with Runtime.open() as runtime:
+            session = await runtime.open_session(QueryOptions(provider=workload.model(0), tools=workload.tools(0)))
+            await session.query(workload.PROMPT).wait()
+        # The methods it bound once for its sessions are dropped at close: no cycle keeps it.
+        with pytest.raises(RuntimeClosed, match="runtime is closed"):
+            await runtime.open_session(QueryOptions(provider=workload.model(0)))
+        with pytest.raises(RuntimeClosed):
+            await runtime.open_host_budget(1.0)
+        gone = weakref.ref(runtime)
+        del runtime, session
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -16,7 +16,7 @@ from queryloop.actors.model_caller import ModelCaller
 from queryloop.actors.query_loop import QueryLoop
 from queryloop.actors.query_loop.subagent import AgentsHost, AgentSlots
 from queryloop.actors.tool_executor import StreamingToolExecutor
-from queryloop.runtime.errors import NotInTrio
+from queryloop.runtime.errors import NotInTrio, RuntimeClosed
 from queryloop.runtime.host import _gc
 from queryloop.runtime.host.session import Session, refuse_asyncio_provider
 from queryloop.runtime.kernel.supervisor import Supervisor
@@ -72,6 +72,8 @@ class Runtime:
         self._detached_ended = trio.lowlevel.ParkingLot()
         # Bound once: every session holds these three (its QueryLoop two, its group one), and a bound method
         # made per session would be one more object per session in flight, walked by every collection.
+        self._closed = False
+        """Set when the runtime's block has been left: nothing more is started through it."""
         self._forget_group = self._forget
         self._mcp_tools_of = self._session_mcp_tools
         self._detach_run = self._detach
@@ -150,6 +152,7 @@ class Runtime:
     def _unbind(self) -> None:
         """Drop the bound methods made once for the sessions (`__init__`): each refers back to this runtime, a
         cycle the collector would have to find once the runtime is gone. Every group has closed by now."""
+        self._closed = True
         del self._forget_group, self._mcp_tools_of, self._detach_run
 
     @property
@@ -329,7 +332,11 @@ class Runtime:
         return spent
 
     async def start_group(self, session_id: str | None = None) -> Supervisor:
-        """Open an empty actor group for a session; `Supervisor.spawn` fills it."""
+        """Open an empty actor group for a session; `Supervisor.spawn` fills it. `RuntimeClosed` once the
+        runtime's `async with` block has been left (its nursery, where the actors' work runs, is gone)."""
+        if self._closed:
+            msg = "the runtime is closed: open sessions inside its `async with Runtime.open()` block"
+            raise RuntimeClosed(msg)
         session_id = session_id or self.new_session_id()
         if session_id in self._groups:
             msg = f"session id {session_id!r} is already open"
