@@ -1,22 +1,30 @@
-# Two entry points, each self-installing on a fresh machine:
-#   make demo   - the offline demo on the built-in scripted model (no API key)
-#   make test   - ruff, mypy and the test suite
+# Two entry points, each self-installing on a fresh machine (Python >= 3.11 and make):
+#   make demo   - installs the package alone and runs the offline demo (no API key)
+#   make test   - installs the package with its `dev` extra, then runs ruff, mypy and the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
 .PHONY: demo test lint bench-kernel clean
 
-$(BIN)/.installed: pyproject.toml
+# The package and its own dependencies: what `pip install queryloop` gives a user.
+$(VENV)/.package: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+# Everything the tests, the examples and the benchmarks use (Ray, MCP, matplotlib, ruff, mypy ...).
+$(VENV)/.dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $@
+	touch $@ $(VENV)/.package
 
-demo: $(BIN)/.installed
+demo: $(VENV)/.package
 	$(BIN)/queryloop demo
 
-lint: $(BIN)/.installed
+lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -24,7 +32,7 @@ lint: $(BIN)/.installed
 test: lint
 	$(BIN)/pytest -q
 
-bench-kernel: $(BIN)/.installed
+bench-kernel: $(VENV)/.dev
 	$(BIN)/python -m bench kernel
 
 clean:

@@ -8,9 +8,9 @@ layers) and `queryloop.actors` (the six actors of a session).
 The library is silent until its host asks: `from loguru import logger; logger.enable("queryloop")`.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib.metadata as _metadata
 
-from loguru import logger
+from loguru import logger as _logger
 
 from queryloop.runtime.errors import (
     ActorCrashed,
@@ -82,12 +82,12 @@ from queryloop.runtime.providers.scripted import (
 )
 
 try:
-    __version__ = version("queryloop")
-except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = _metadata.version("queryloop")
+except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 # A library stays quiet until its host asks: `logger.enable("queryloop")`.
-logger.disable("queryloop")
+_logger.disable("queryloop")
 
 __all__ = [
     "AGENT_TOOL_NAME",

@@ -10,6 +10,12 @@
 See `queryloop.runtime.ray` and docs/ray.md.
 """
 
+try:
+    import ray as _ray  # noqa: F401  (only to say what is missing, before the modules that need it)
+except ImportError as _missing:
+    _msg = "queryloop.ray needs Ray, the `ray` extra: pip install 'queryloop[ray]'"
+    raise ImportError(_msg, name="ray") from _missing
+
 from queryloop.runtime.errors import FactoryError, RemoteError, RuntimeClosed, ShardLost
 from queryloop.runtime.ray.query import RemoteQuery, RemoteSession
 from queryloop.runtime.ray.sharded import ShardedRuntime

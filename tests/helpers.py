@@ -21,6 +21,10 @@ from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutpu
 from queryloop.runtime.loop.transcript import transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedModel
 
+FIXTURES = Path(__file__).parent / "fixtures"
+"""The recorded Messages API streams (`sse/`) and error bodies (`errors/`); `SOURCES.md` says where
+each one was recorded."""
+
 
 def text_reply(text: str = "Done.", stop_reason: str = "end_turn", **extra: Any) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "stop_reason": stop_reason, **extra}

@@ -1,6 +1,6 @@
 """`AnthropicModel` driven through the real `anthropic` SDK, under trio, against recorded responses.
 
-The SDK talks to `httpx2.MockTransport`, which serves the files of `../shared/fixtures`
+The SDK talks to `httpx2.MockTransport`, which serves the files of `tests/fixtures`
 (see its SOURCES.md): the streams byte for byte, the error responses with their recorded
 status, headers and body. Bodies marked "synthetic" below are built here, for cases no
 recording covers (image size, in-stream error types other than overload, retry-after-ms).
@@ -22,8 +22,8 @@ import trio.lowlevel
 
 from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.providers.anthropic_model import AnthropicModel, classify_status, model_error_from_sdk
+from tests.helpers import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 SSE = FIXTURES / "sse"
 ERRORS = FIXTURES / "errors"
 API_KEY = "sk-test-not-real"

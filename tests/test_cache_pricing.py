@@ -1,7 +1,7 @@
 """Prompt-cache writes priced by their lifetime: five minutes (1.25 times the input price) or one hour (twice).
 
 The API reports every cache write in `cache_creation_input_tokens` and, in its `cache_creation` breakdown,
-how many of them went to the one-hour cache (API_FACTS §5). These tests hold the runtime to that from the
+how many of them went to the one-hour cache (api-facts §5). These tests hold the runtime to that from the
 pure cost function through the stream's assembler to a whole query over the real SDK and a local server.
 """
 

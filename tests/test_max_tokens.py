@@ -1,12 +1,11 @@
 """`queryloop.runtime.loop.max_tokens`: reading the two "max_tokens too large" 400s and the `max_tokens` to resend.
 
-The messages are read from the recorded error bodies (`../shared/fixtures/errors`).
+The messages are read from the recorded error bodies (`tests/fixtures/errors`).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,9 @@ from queryloop.runtime.loop.max_tokens import (
     parse_model_output_cap,
 )
 from queryloop.runtime.loop.model import is_prompt_too_long
+from tests.helpers import FIXTURES
 
-ERRORS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "errors"
+ERRORS = FIXTURES / "errors"
 
 
 def recorded_message(name: str) -> str:

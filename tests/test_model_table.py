@@ -1,5 +1,5 @@
 """The model table (`runtime/loop/pricing.py`): prices and context windows by model id, dated ids included,
-and Haiku 5.5's tier for long prompts (API_FACTS §4–§5)."""
+and Haiku 5.5's tier for long prompts (api-facts §4–§5)."""
 
 from __future__ import annotations
 

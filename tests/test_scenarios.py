@@ -1,6 +1,6 @@
 """Every scenario under tests/scenarios/ through `queryloop scenario`, judged against its expected verdict.
 
-`NAME.json` is a scenario in the SCENARIOS.md format; `NAME.expected.json` lists what its
+`NAME.json` is a scenario in the format of docs/scenarios.md; `NAME.expected.json` lists what its
 verdict must say. Keys there: any verdict key (compared exactly; `result` and `tool_results`
 as subsets), plus `events_contain` (a subsequence of `events`) and `events_end` (a suffix).
 Whatever the scenario, a verdict must report a valid transcript, no leftover task and

@@ -1,4 +1,4 @@
-"""The stop reasons beyond Claude Code's own (API_FACTS §3): `pause_turn`, `refusal` and
+"""The stop reasons beyond Claude Code's own (api-facts §3): `pause_turn`, `refusal` and
 `model_context_window_exceeded`, as pure decisions and through a session's real actors
 (the recorded streams of these are replayed through the real SDK in `test_wire_fixtures`)."""
 

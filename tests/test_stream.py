@@ -1,17 +1,17 @@
-"""`queryloop.runtime.loop.stream`: `ResponseAssembler` fed the recorded Messages API streams (shared/fixtures/sse)."""
+"""`queryloop.runtime.loop.stream`: `ResponseAssembler` fed the recorded Messages API streams (tests/fixtures/sse)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from queryloop.runtime.loop.events import Usage
 from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler
+from tests.helpers import FIXTURES
 
-SSE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sse"
+SSE = FIXTURES / "sse"
 
 
 def parse_sse(text: str) -> list[dict[str, Any]]:

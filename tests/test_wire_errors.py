@@ -1,5 +1,5 @@
 """HTTP errors end to end through the real `anthropic` SDK against `LocalMessagesAPI`, with the recorded
-error bodies of `../shared/fixtures/errors`: the server's `x-should-retry` verdict, the two "max_tokens
+error bodies of `tests/fixtures/errors`: the server's `x-should-retry` verdict, the two "max_tokens
 too large" 400s (fitted and sent again), and the errors no provider classifies for the host (a tool
 output that cannot be sent, a stream event without a type), which must never log a traceback.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import AsyncGenerator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +20,10 @@ from queryloop.runtime.loop.max_tokens import CONTEXT_MARGIN
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.tools import Tool, ToolContext
 from queryloop.runtime.providers.scripted import ScriptedReply, ScriptedUsage, reply_events
-from tests.helpers import log_records, text_reply, tool_use, tools_reply
+from tests.helpers import FIXTURES, log_records, text_reply, tool_use, tools_reply
 from tests.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, assert_settled, run_query, served
 
-ERRORS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "errors"
+ERRORS = FIXTURES / "errors"
 
 # A 400 carries no retry-after, so a retry would wait a real backoff (~0.5 s): these tests ask for 10 ms.
 QUICK_RETRY = {"retry-after": "0.01"}

@@ -1,17 +1,16 @@
-"""Every recorded stream of `shared/fixtures/sse`, replayed byte for byte through the real SDK path.
+"""Every recorded stream of `tests/fixtures/sse`, replayed byte for byte through the real SDK path.
 
 Each `.sse` file is served by `LocalMessagesAPI` as a recorded body (`{"sse": ...}`) to a session whose
 provider is `AnthropicModel`; a follow-up reply answers whatever the recording asks for next (a tool
 result, a continuation). Checked for every recording: each raw event reaches the consumer as the wire
 sent it; the history sent back repeats each response's blocks as they came (rebuilt here from the
 events, independently of the runtime's assembler); the terminal and transitions are those the API's
-documentation implies (`shared/research/API_FACTS.md` §1-§3).
+documentation implies (`docs/api-facts.md` §1-§3).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +20,10 @@ from queryloop import QueryOptions, Runtime
 from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, StreamEvent, SystemMessage
 from queryloop.runtime.loop.transcript import transcript_problems
 from queryloop.runtime.providers.anthropic_model import _SSEParser
-from tests.helpers import scripted_tool, text_reply
+from tests.helpers import FIXTURES, scripted_tool, text_reply
 from tests.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, served
 
-SSE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sse"
+SSE = FIXTURES / "sse"
 
 
 def recording(name: str) -> str:
@@ -45,7 +44,7 @@ def wire_events(body: str) -> list[dict[str, Any]]:
 
 
 def blocks_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A response's content blocks rebuilt from its events by the documented rules (API_FACTS §1)."""
+    """A response's content blocks rebuilt from its events by the documented rules (api-facts §1)."""
     blocks: dict[int, dict[str, Any]] = {}
     json_parts: dict[int, list[str]] = {}
     for event in events:

@@ -65,7 +65,7 @@ exit status of run and demo:
   {EXIT_USAGE:<4} usage error: a bad flag, an unknown model, no ANTHROPIC_API_KEY
   {EXIT_ABORTED:<4} aborted with Ctrl+C: a first Ctrl+C aborts the query and shows its end,
        a second one exits at once
-scenario exits {EXIT_OK} once it has printed its verdict, {EXIT_USAGE} for a malformed scenario file.
+scenario exits {EXIT_OK} once it has printed its verdict, {EXIT_USAGE} for a malformed or missing scenario file.
 """
 
 ABORTED_TERMINALS = frozenset({"aborted_streaming", "aborted_tools"})
@@ -191,6 +191,10 @@ class _Plan:
 def _plan(args: argparse.Namespace, stack: ExitStack) -> _Plan:
     """The query to run; raises `_UsageError` for what makes it impossible. Resources go on `stack`."""
     common: dict[str, Any] = {"max_turns": args.max_turns, "system_prompt": args.system}
+    if args.model is not None and not (args.prompt or "").strip():
+        # A prompt made up on the user's behalf would be sent, and billed, as theirs.
+        msg = "--model needs a prompt: queryloop run --model ID 'what to ask'"
+        raise _UsageError(msg)
     prompt = args.prompt if args.prompt is not None else DEMO_PROMPT
     if args.model is None:
         folder = stack.enter_context(demo_folder())
@@ -433,15 +437,24 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(prompt=None, model=None, base_url=None, system=None, max_turns=None)
     scenario = commands.add_parser("scenario", help="run a scenario file and print its JSON verdict")
     scenario.add_argument("file")
-    commands.add_parser("bench", help="benchmarks: queryloop bench kernel|loops|abort|scale|stream ...", add_help=False)
+    if _checkout_with_bench() is not None:
+        commands.add_parser(
+            "bench", help="benchmarks: queryloop bench kernel|loops|abort|scale|stream ...", add_help=False
+        )
     return parser
+
+
+def _checkout_with_bench() -> Path | None:
+    """The source checkout this command runs from, when it has the benchmarks (`bench/` is not installed)."""
+    checkout = Path(__file__).resolve().parents[2]  # runtime/cli/main.py -> the checkout
+    return checkout if (checkout / "bench" / "__main__.py").is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
-    if args.command == "bench":
-        return _bench(rest)
+    if args.command == "bench" and (checkout := _checkout_with_bench()) is not None:
+        return _bench(checkout, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command in ("run", "demo"):
@@ -455,12 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def _bench(argv: list[str]) -> int:
+def _bench(checkout: Path, argv: list[str]) -> int:
     """`python -m bench`: the benchmarks live in the checkout's `bench/`, beside `runtime/` (not installed)."""
-    checkout = Path(__file__).resolve().parents[2]  # runtime/cli/main.py -> the checkout
-    if not (checkout / "bench" / "__main__.py").is_file():
-        print("queryloop bench: the benchmarks ship with the source checkout (bench/)", file=sys.stderr)
-        return EXIT_USAGE
     if str(checkout) not in sys.path:
         sys.path.insert(0, str(checkout))
     from bench.__main__ import main as bench_main

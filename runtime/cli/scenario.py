@@ -1,4 +1,4 @@
-"""Scenario files (`shared/SCENARIOS.md`): parse, run on the `ScriptedModel`, judge.
+"""Scenario files (the format is docs/scenarios.md): parse, run on the `ScriptedModel`, judge.
 
 `run_scenario` plays one query end to end in a fresh runtime and returns the
 verdict dict that `queryloop scenario FILE` prints. Unknown keys anywhere are
@@ -98,14 +98,27 @@ class Scenario(_Strict):
         return [parse_entry(raw) for raw in self.model]
 
 
+def _scenario_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        msg = f"scenario file {str(path)!r} does not exist"
+        raise ScenarioError(msg) from None
+    except OSError as error:
+        msg = f"cannot read scenario file {str(path)!r}: {error.strerror or error}"
+        raise ScenarioError(msg) from None
+
+
 def load_scenario(source: str | Path | dict[str, Any]) -> Scenario:
-    """Parse a scenario from a path, JSON text or a dict; `ScenarioError` names what is wrong."""
+    """Parse a scenario from a path, JSON text (a string starting with `{`) or a dict; `ScenarioError`
+    names what is wrong: a missing file, invalid JSON, or the offending key."""
     try:
         if isinstance(source, dict):
             raw = source
+        elif isinstance(source, str) and source.lstrip().startswith("{"):
+            raw = json.loads(source)
         else:
-            path = Path(source)
-            raw = json.loads(path.read_text() if path.exists() else str(source))
+            raw = json.loads(_scenario_text(Path(source)))
         scenario = Scenario.model_validate(raw)
         scenario.entries()  # model entries are validated too (unknown keys included)
         for script in (scenario.summarizer_model or [], scenario.compact_model or []):
@@ -174,7 +187,7 @@ class _Script:
 
 
 async def run_scenario(scenario: Scenario) -> dict[str, Any]:
-    """Run the scenario's query on a fresh runtime; the verdict of SCENARIOS.md."""
+    """Run the scenario's query on a fresh runtime; the verdict of docs/scenarios.md."""
     model = ScriptedModel(scenario.entries(), name="model")
     fire = trio.Event()
     script = _Script(scenario, model, fire)
@@ -324,7 +337,7 @@ def run_scenario_file(source: str | Path | dict[str, Any]) -> dict[str, Any]:
 
 
 def _verdict_usage(usage: Usage) -> dict[str, Any]:
-    """The result's usage as SCENARIOS.md spells it (its four counts), and the one-hour cache writes when any."""
+    """The result's usage as docs/scenarios.md spells it (its four counts), and the one-hour cache writes when any."""
     dumped = usage.model_dump()
     if not dumped["cache_creation_1h_input_tokens"]:
         del dumped["cache_creation_1h_input_tokens"]

@@ -113,7 +113,7 @@ class Event(Model):
     def label(self) -> str:
         """The scenario verdict's spelling: `system:<subtype>` for system messages, `type` otherwise.
 
-        SCENARIOS.md's example spells the final event plain `result`, so a result's
+        docs/scenarios.md's example spells the final event plain `result`, so a result's
         subtype is not part of its label.
         """
         kind: str = getattr(self, "type")  # noqa: B009 - every concrete event declares it

@@ -1,6 +1,6 @@
 """Fitting `max_tokens` to what the API accepts: the pure decision behind the ModelCaller's clamp-and-retry.
 
-Two 400s ask for a smaller `max_tokens`, not a shorter prompt (API_FACTS §2):
+Two 400s ask for a smaller `max_tokens`, not a shorter prompt (api-facts §2):
 
 - "input length and `max_tokens` exceed context limit: I + M > L, …": the prompt fits, the room left
   for the answer does not. Retried once with `max_tokens = L − I − CONTEXT_MARGIN`, as Claude Code

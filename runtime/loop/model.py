@@ -175,6 +175,6 @@ PROMPT_TOO_LONG_MARKERS = (
 
 
 def is_prompt_too_long(status: int | None, message: str) -> bool:
-    """Every wording of "prompt too long" seen on the wire (API_FACTS §2): 400s and both 413 bodies."""
+    """Every wording of "prompt too long" seen on the wire (api-facts §2): 400s and both 413 bodies."""
     text = message.lower()
     return status == 413 or any(marker in text for marker in PROMPT_TOO_LONG_MARKERS)

@@ -1,7 +1,7 @@
 """Per-model prices and context limits: one table, overridable per query.
 
 Source: the Anthropic pricing and model-overview pages as collected in
-`shared/research/API_FACTS.md` §4–§5 (snapshot 2026-11). Prices change: pass
+`docs/api-facts.md` §4–§5 (snapshot 2026-11). Prices change: pass
 `QueryOptions.pricing` rather than editing code at a
 call site. A model missing from the table is an error, never a silent $0.
 """
@@ -29,7 +29,7 @@ class Pricing(BaseModel):
     long_prompt: Pricing | None = None
     """A tier of its own for long prompts: a request whose prompt (input, cache writes and cache reads)
     is over `long_prompt_tokens` is priced whole, output included, at `long_prompt` (Haiku 5.5's over
-    100K tokens, API_FACTS §5)."""
+    100K tokens, api-facts §5)."""
 
     def for_prompt(self, prompt_tokens: int) -> Pricing:
         """The tier a request with `prompt_tokens` of prompt is priced at."""
@@ -80,7 +80,7 @@ PRICES: dict[str, Pricing] = {
 CONTEXT_WINDOWS: dict[str, int] = {
     "claude-haiku-4-5": 200_000,
 }
-"""Context window per model where it is not the 1M of the current line-up (API_FACTS §4)."""
+"""Context window per model where it is not the 1M of the current line-up (api-facts §4)."""
 DEFAULT_CONTEXT_WINDOW = 1_000_000
 
 

@@ -82,7 +82,7 @@ __all__ = ["AnthropicModel", "classify_status", "model_error_from_sdk", "parse_r
 IMAGE_SIZE_MARKERS = ("image exceeds", "image too large", "image dimensions")
 
 # An `event: error` arrives with HTTP 200; these are the statuses its `error.type` stands for
-# (API_FACTS §2), so an in-stream error is classified exactly like the HTTP one it replaces.
+# (api-facts §2), so an in-stream error is classified exactly like the HTTP one it replaces.
 STATUS_OF_ERROR_TYPE: dict[str, int] = {
     "invalid_request_error": 400,
     "authentication_error": 401,

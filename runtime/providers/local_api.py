@@ -27,7 +27,7 @@ Each `POST /v1/messages` (streaming: `"stream": true`) takes the next script ent
   `message_stop` (with `after_events` 0: closed before any response).
 
 Error entries spend their whole `latency_ms` before answering. Bodies and headers are shaped as the
-recorded ones in `shared/fixtures/errors`. Entries only a real wire can express (`WireFault`):
+recorded ones in `tests/fixtures/errors`. Entries only a real wire can express (`WireFault`):
 
 - `{"error": "midstream_overloaded", "after_events": N}`: a 200 stream of N events of `content`,
   then `event: error` with the `overloaded_error` body, and the connection closes;
@@ -39,11 +39,11 @@ recorded ones in `shared/fixtures/errors`. Entries only a real wire can express 
 - `{"error": "http", "status": S, "body": {...}, "headers": {...}}` (`HttpError`): a response of
   exactly that status, JSON body and headers (e.g. `{"x-should-retry": "false"}`), no others
   but the framing ones; or `{"error": "http", "fixture": PATH}`: the status, headers and body of a
-  recorded error file (`shared/fixtures/errors/*.json`), with `status`, `body` and `headers` given
+  recorded error file (`tests/fixtures/errors/*.json`), with `status`, `body` and `headers` given
   beside it laid over the recorded ones;
 - a reply with `"stall_after_events": N`: its first N events at once, then its whole `latency_ms`
   of silence, then the rest (a stream that stalls mid-way, to abort it there);
-- `{"sse": BODY}`: a recorded response body (`shared/fixtures/sse/*.sse`) sent byte for byte as a
+- `{"sse": BODY}`: a recorded response body (`tests/fixtures/sse/*.sse`) sent byte for byte as a
   200 event stream, padding and pings as recorded (one with an `error` event closes the connection).
 
 `after_events` counts the script's events; `ping`s are extra. A request past the end of the
@@ -354,7 +354,7 @@ class LocalMessagesAPI:
             "api_error": (500, "api_error", "Internal server error", True),
         }[entry.error]
         headers.append(("x-should-retry", "true" if retry else "false"))
-        # The recorded 529 body has no request_id (shared/fixtures/errors/529_overloaded_error.json).
+        # The recorded 529 body has no request_id (tests/fixtures/errors/529_overloaded_error.json).
         body = error_body(error_type, message, None if status == 529 else request_id)
         await _send_json(conn, stream, status, body, request_id=request_id, headers=headers)
 
@@ -382,7 +382,7 @@ class LocalMessagesAPI:
         if entry.error == "malformed_event":
             steps.append(SseEvent(entry.event))
         else:
-            # The recorded in-stream error (shared/fixtures/sse/derived_midstream_overloaded_error.sse).
+            # The recorded in-stream error (tests/fixtures/sse/derived_midstream_overloaded_error.sse).
             error = {
                 "type": "error",
                 "error": {"details": None, "type": "overloaded_error", "message": "Overloaded"},

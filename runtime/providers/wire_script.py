@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from queryloop.runtime.providers.scripted import ScriptedReply, ScriptEntry, parse_entry
 
-# The messages of the recorded error bodies (shared/fixtures/errors/*.json).
+# The messages of the recorded error bodies (tests/fixtures/errors/*.json).
 PROMPT_TOO_LONG_MESSAGE = "prompt is too long: 219898 tokens > 200000 maximum"
 IMAGE_SIZE_MESSAGE = (
     "messages.0.content.0.image.source.base64: image exceeds 5 MB maximum: 6291456 bytes > 5242880 bytes"
@@ -52,7 +52,7 @@ class HttpError(BaseModel):
     """`{"error": "http", "status": S, "body": {...}, "headers": {...}}`: answer with exactly that.
 
     Or `{"error": "http", "fixture": PATH}`: the status, headers and body of a recorded error file
-    (`{"status", "headers", "body"}`, as in `shared/fixtures/errors`), read when the entry is parsed;
+    (`{"status", "headers", "body"}`, as in `tests/fixtures/errors`), read when the entry is parsed;
     `status` and `body` given beside it replace the recorded ones and `headers` are added over the
     recorded headers (e.g. `{"x-should-retry": "false"}`).
     """
@@ -93,7 +93,7 @@ class StalledReply:
 
 @dataclass(frozen=True)
 class RecordedStream:
-    """A recorded response body (a `.sse` file of `shared/fixtures/sse`), sent byte for byte as a 200 stream."""
+    """A recorded response body (a `.sse` file of `tests/fixtures/sse`), sent byte for byte as a 200 stream."""
 
     body: bytes
 
