@@ -47,6 +47,7 @@ from queryloop.runtime.loop.context import (
 from queryloop.runtime.loop.events import TranscriptMessage, UserMessage
 from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest, retry_delay_s
 from queryloop.runtime.loop.pricing import context_window_for
+from queryloop.runtime.loop.spill import UnsafeSpillPath, safe_file_stem, spill_file_name, spill_path, write_spilled
 from queryloop.runtime.loop.stream import complete_text
 from queryloop.runtime.loop.transcript import normalize_messages_for_api
 
@@ -236,18 +237,24 @@ class Compactor(TrioActor):
         pending: list[tuple[Path, str]] = []
 
         def store(tool_use_id: str, text: str) -> str:
-            path = self._results_dir() / f"{tool_use_id}.txt"
+            # The tool_use id came from the server: the file is named by the project, never by the id.
+            path = spill_path(self._results_dir(), spill_file_name(tool_use_id))
             pending.append((path, text))
             return str(path)
 
-        messages, _ = apply_tool_result_budget(
-            request.messages,
-            max_chars=config.max_tool_result_chars,
-            preview_chars=config.tool_result_preview_chars,
-            store=store,
-        )
-        if pending:
-            await trio.to_thread.run_sync(_write_all, pending)
+        try:
+            messages, _ = apply_tool_result_budget(
+                request.messages,
+                max_chars=config.max_tool_result_chars,
+                preview_chars=config.tool_result_preview_chars,
+                store=store,
+            )
+            if pending:
+                await trio.to_thread.run_sync(_write_all, pending)
+        except (OSError, UnsafeSpillPath) as error:
+            # Results not saved stay whole in the conversation: a larger request, never a lost result.
+            self.log.warning("tool results over the budget kept inline: saving them failed: {}", error)
+            messages = request.messages
         messages, snip_freed = snip(messages, config.snip_max_rounds)
         tokens = token_count_with_estimation(messages)
         if token_warning_state(tokens, limits).above_warning:
@@ -341,11 +348,12 @@ class Compactor(TrioActor):
         if self.session_dir is None:
             import tempfile
 
-            self.session_dir = Path(tempfile.mkdtemp(prefix=f"queryloop-{self.supervisor.session_id}-"))
+            # A resumed session's id was read from a file: cleaned before it names a folder.
+            stem = safe_file_stem(self.supervisor.session_id)
+            self.session_dir = Path(tempfile.mkdtemp(prefix=f"queryloop-{stem}-"))
         return self.session_dir / "tool-results"
 
 
 def _write_all(pending: list[tuple[Path, str]]) -> None:
     for path, text in pending:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_spilled(path, text)

@@ -22,9 +22,9 @@ Errors: 429 / 529 / 5xx / a cut connection are retried with backoff (honouring `
 request has been shown (its `message_start` is held back until its next event); a request that stays overloaded ends
 asking for the fallback model, if one is set. A 400 that asks for fewer output tokens is sent again at once with the
 `max_tokens` of `runtime.loop.max_tokens`, once per kind per call, outside `max_retries`. Prompt-too-long and
-`max_tokens` truncation are *withheld* (`CallEnded.withheld`) for the QueryLoop's recovery. A provider's event that is
-not a dict with a string `type`, or one the assembler cannot read, is an `api_error` ModelError ("malformed stream
-event"), never an unclassified exception. docs/design.md has the reasons.
+`max_tokens` truncation are *withheld* (`CallEnded.withheld`) for the QueryLoop's recovery. A malformed stream (an event
+not a dict with a string `type`, or unreadable; a usage count not a non-negative integer; anything but a `ping` before
+`message_start`) is an `api_error` ModelError, never an unclassified exception. docs/design.md has the reasons.
 """
 
 from __future__ import annotations
@@ -241,9 +241,9 @@ def _noted(raw: Any, kind: Any, progress: CallProgress) -> Any:
         msg = f"malformed stream event: no type in {raw!r:.200}"
         raise ModelError("api_error", msg)
     if kind == "message_start":
-        progress.start_usage, progress.delta_usage = raw["message"].get("usage") or {}, None
+        progress.start_usage, progress.delta_usage = model.checked_usage(kind, raw["message"].get("usage") or {}), None
     elif kind == "message_delta" and progress.start_usage is not None:
-        progress.delta_usage = raw.get("usage") or {}
+        progress.delta_usage = model.checked_usage(kind, raw.get("usage") or {})
     return raw if raw.__class__ is dict else stream_event(raw)
 
 
@@ -402,8 +402,8 @@ class ModelCaller(TrioActor):
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
                 if not tries.emitted:
-                    if kind == "message_start":  # held back: an error right after it then leaves nothing seen
-                        held.append(item)
+                    if not assembler.started:  # nothing shown yet: a malformed start is retried
+                        model.before_message_start(raw, kind, item, held)
                         item = None
                     else:
                         tries.emitted = True

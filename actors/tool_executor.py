@@ -41,7 +41,8 @@ from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
 from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput, hook_error_message
-from queryloop.runtime.loop.tools import Allow, CanUseTool, Tool, ToolContext, ToolOutput
+from queryloop.runtime.loop.host_code import checked_hook_decision, checked_permission, failure_text, input_error_text
+from queryloop.runtime.loop.tools import CanUseTool, Deny, Tool, ToolContext, ToolError, ToolOutput
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
 
@@ -93,6 +94,8 @@ class ToolResult(Message):
     """What its PostToolUse hooks produced, in order: `hook_stopped_continuation` attachments and
     `hook_error` system messages; emitted after `message`."""
     prevent_continuation: bool = False
+    host_errors: tuple[str, ...] = ()
+    """What host code failed while answering it (`can_use_tool`, an input validator): for the result's `errors`."""
 
 
 begin_turn = keyword_maker(BeginTurn)
@@ -205,17 +208,26 @@ class StreamingToolExecutor(TrioActor):
         if tool is None:
             return _failed(entry, f"Error: No such tool available: {name}")
         raw_input: dict[str, Any] = block.get("input") or {}
-        try:
-            args = tool.parse_input(raw_input)
-            if turn.can_use_tool is not None:
-                decision = await turn.can_use_tool(name, raw_input)
-                if not isinstance(decision, Allow):
-                    return _failed(entry, decision.message)
-                if decision.updated_input is not None:
-                    raw_input = decision.updated_input
-                    args = tool.parse_input(raw_input)
-        except ValidationError as error:
-            return _failed(entry, f"InputValidationError: {error}")
+        parsed = self._parse(entry, tool, raw_input)
+        if isinstance(parsed, ToolResult):
+            return parsed
+        args = parsed
+        if turn.can_use_tool is not None:
+            try:
+                decision = checked_permission(await turn.can_use_tool(name, raw_input))
+            except Exception as error:  # noqa: BLE001 - the host's callback: an error result, never a dead session
+                # Never taken as an allow: the tool does not run, and the result's `errors` names why.
+                self.log.opt(exception=error).warning("can_use_tool failed for {} ({})", name, entry.id)
+                text = f"can_use_tool failed for {name} ({entry.id}): {failure_text(error)}"
+                return _failed(entry, f"Error: permission check failed: {failure_text(error)}", host_error=text)
+            if isinstance(decision, Deny):
+                return _failed(entry, decision.message)
+            if decision.updated_input is not None:
+                raw_input = decision.updated_input
+                parsed = self._parse(entry, tool, raw_input)
+                if isinstance(parsed, ToolResult):
+                    return parsed
+                args = parsed
 
         output: ToolOutput
         is_error = False
@@ -230,6 +242,9 @@ class StreamingToolExecutor(TrioActor):
                 if deadline.cancelled_caught:
                     output, is_error = tool_error(f"Error: {name} timed out after {tool.timeout_s:g}s"), True
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
+            # A `ToolError` is the tool's own report (its message says it all); anything else is a bug: its traceback.
+            trace = None if isinstance(error, ToolError) else error
+            self.log.opt(exception=trace).warning("tool {} ({}) raised {}", name, tool_use_id, failure_text(error))
             output, is_error = tool_error(f"Error: {error}"), True
         if output.__class__ is not str and not is_error:
             output, is_error = self._as_json(name, output)
@@ -243,6 +258,18 @@ class StreamingToolExecutor(TrioActor):
             hook_messages=hook_messages,
             prevent_continuation=prevent,
         )
+
+    def _parse(self, entry: _Entry, tool: Tool, raw_input: dict[str, Any]) -> Any:
+        """The tool's parsed input, or the error result for input its model refused (or whose validator,
+        host code, raised something else than a `ValidationError`: then named in the result's `errors`)."""
+        try:
+            return tool.parse_input(raw_input)
+        except ValidationError as error:
+            return _failed(entry, input_error_text(error))
+        except Exception as error:  # noqa: BLE001 - a host's validator: an error result, never a dead session
+            self.log.opt(exception=error).warning("input validator of {} raised", tool.name)
+            text = f"input validator of {tool.name} ({entry.id}) failed: {failure_text(error)}"
+            return _failed(entry, input_error_text(error), host_error=text)
 
     def _as_json(self, name: str, output: object) -> tuple[ToolOutput, bool]:
         """A tool's non-string output as plain JSON, or an error result naming the tool when it has none.
@@ -278,17 +305,12 @@ class StreamingToolExecutor(TrioActor):
         tool_input = observed if observed is not None else tool_input
         for hook in turn.post_tool_use_hooks:
             try:
-                decision = await hook(
-                    PostToolUseInput(
-                        tool_name=name,
-                        tool_use_id=entry.id,
-                        tool_input=tool_input,
-                        result=output,
-                        is_error=is_error,
-                    )
+                hook_input = PostToolUseInput(
+                    tool_name=name, tool_use_id=entry.id, tool_input=tool_input, result=output, is_error=is_error
                 )
-            except Exception as error:
-                self.log.exception(f"PostToolUse hook failed for {name}")
+                decision = checked_hook_decision(await hook(hook_input))
+            except Exception as error:  # noqa: BLE001 - a failing hook is a non-blocking error, as in Claude Code
+                self.log.opt(exception=error).warning("PostToolUse hook failed for {}", name)
                 messages.append(hook_error_message("PostToolUse", hook, error, tool_name=name, tool_use_id=entry.id))
                 continue
             if decision is not None and decision.prevent:
@@ -306,5 +328,6 @@ class StreamingToolExecutor(TrioActor):
         return messages, prevent
 
 
-def _failed(entry: _Entry, message: str) -> ToolResult:
-    return ToolResult(tool_use_id=entry.id, message=tool_result_message(entry.id, tool_error(message), is_error=True))
+def _failed(entry: _Entry, message: str, *, host_error: str | None = None) -> ToolResult:
+    result = tool_result_message(entry.id, tool_error(message), is_error=True)
+    return ToolResult(tool_use_id=entry.id, message=result, host_errors=(host_error,) if host_error else ())

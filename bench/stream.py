@@ -23,6 +23,16 @@ per event at the largest N over at the smallest (largest S, paced): 1.0 for a co
 reply's length, below 1 as a query's fixed cost spreads over more events (`per_event_growth_wall`:
 the same on wall time, which other work on a shared machine stretches in the long cells); `cells`
 has every cell. A cell streaming fewer than `--min-events` events per round gets more rounds.
+
+The SSE reader of `AnthropicModel` (`queryloop.runtime.providers.sse.SSEReader`), measured apart (no session,
+one thread; `--no-sse` skips it): `sse_events_per_s`, the reply of the largest `--deltas` level framed as the
+API frames it and read in 16 KiB chunks through an httpx2 response's `aiter_raw`, as the provider reads
+it, against httpx2's public `EventSource` over the same chunks (`sse_event_source_events_per_s`,
+`sse_reader_speedup`); and the cost of one long line (a data line of each `--sse-line-mb` size, in 64 KiB
+chunks, cut before the clock starts, the allocator warmed first: see `sse_figures`): `sse_line_ms_per_mb` per
+size, and `sse_line_growth`, the largest line's ms per MB over the smallest's (1.0 for a linear reader; the
+reader it replaced took 4 s for one 4 MB line). Sizes alternate within a round; the best of `--sse-rounds`
+rounds counts.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import json
 import sys
 import time
 from collections.abc import AsyncGenerator
@@ -37,6 +48,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 import trio
 
 from bench.collector import GcMeter, gc_setting, in_turn
@@ -49,6 +61,7 @@ from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.stream import ResponseAssembler
 from queryloop.runtime.providers.scripted import TEXT_CHUNK, ScriptedReply, ScriptedUsage, reply_events
+from queryloop.runtime.providers.sse import SSEReader
 
 PROMPT = "Write the long answer."
 MAX_ROUNDS = 20
@@ -74,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="both sides at Python's collector thresholds instead of the runtime's tuned ones (docs/collector.md)",
     )
+    parser.add_argument("--no-sse", dest="sse", action="store_false", help="skip the SSE reader's measurements")
+    parser.add_argument("--sse-line-mb", default="0.5,8", help="sizes of the one long line the SSE reader reads, in MB")
+    parser.add_argument("--sse-rounds", type=int, default=15, help="rounds of the SSE reader's measurements")
     add_profile_argument(parser)
 
 
@@ -197,6 +213,88 @@ async def baseline_round(events: list[dict[str, Any]], sessions: int, *, paced: 
         raise RuntimeError(msg)
 
 
+class _Chunks(httpx2.AsyncByteStream):
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+def _response(chunks: list[bytes]) -> httpx2.Response:
+    request = httpx2.Request("POST", "http://bench/v1/messages")
+    return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=_Chunks(chunks), request=request)
+
+
+async def _ours(chunks: list[bytes]) -> int:
+    reader, count = SSEReader(), 0
+    async for chunk in _response(chunks).aiter_raw():
+        count += len(reader.feed(chunk))
+    return count + len(reader.finish())
+
+
+async def _event_source(chunks: list[bytes]) -> int:
+    count = 0
+    async for _ in httpx2.EventSource(_response(chunks), max_event_size=None):
+        count += 1
+    return count
+
+
+def _in_pieces(data: bytes, size: int) -> list[bytes]:
+    return [data[at : at + size] for at in range(0, len(data), size)]
+
+
+async def sse_figures(args: argparse.Namespace, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The SSE reader's figures (the module docstring says which)."""
+    chunks = _in_pieces(b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events), 16384)
+    try:
+        sizes = sorted({float(mb) for mb in args.sse_line_mb.split(",")})
+    except ValueError:
+        sys.exit(f"--sse-line-mb takes a list of sizes in MB (e.g. 0.5,8), not {args.sse_line_mb!r}")
+    if sizes[0] <= 0 or args.sse_rounds < 1:
+        sys.exit("--sse-line-mb sizes must be above 0 and --sse-rounds at least 1")
+    lines = {mb: _in_pieces(b"data: " + b"x" * int(mb * 1_000_000), 65536) for mb in sizes}
+    # Warm the allocator: glibc maps a block over its mmap threshold (128 KiB at first) afresh from the kernel
+    # at each allocation and unmaps it at each free, until a large block freed raises the threshold (to 32 MiB
+    # at most), as in any process that has once freed a large block. Without it each long line's result is
+    # faulted in page by page at each round (about 1 ms per MB here): the kernel's cost, not the reader's.
+    warm = b"x" * 30_000_000
+    del warm
+    reads: dict[str, list[float]] = {"ours": [], "event_source": []}
+    per_mb: dict[float, list[float]] = {mb: [] for mb in sizes}
+    for index in range(args.sse_rounds):
+        for side in in_turn(("ours", "event_source"), index):
+            began = time.perf_counter()
+            count = await (_ours(chunks) if side == "ours" else _event_source(chunks))
+            reads[side].append(time.perf_counter() - began)
+            if count != len(events):
+                msg = f"the {side} reader read {count} events of {len(events)}"
+                raise RuntimeError(msg)
+        for mb in sizes if index % 2 == 0 else sizes[::-1]:
+            reader = SSEReader(max_event_bytes=sum(map(len, lines[mb])) + 16)
+            began = time.perf_counter()
+            for piece in lines[mb]:
+                reader.feed(piece)
+            if len(reader.feed(b"\n\n")) != 1:
+                raise RuntimeError("the long line was not read as one event")
+            per_mb[mb].append((time.perf_counter() - began) * 1000 / mb)
+    ours, theirs = len(events) / min(reads["ours"]), len(events) / min(reads["event_source"])
+    growth = min(per_mb[sizes[-1]]) / min(per_mb[sizes[0]])
+    print(
+        f"  SSE reader: {ours:,.0f} events/s (httpx2 EventSource {theirs:,.0f}/s, x{ours / theirs:.2f});"
+        f" one long line: {', '.join(f'{mb:g} MB {min(t):.2f} ms/MB' for mb, t in per_mb.items())},"
+        f" growth {growth:.2f}"
+    )
+    return {
+        "sse_events_per_s": round(ours),
+        "sse_event_source_events_per_s": round(theirs),
+        "sse_reader_speedup": round(ours / theirs, 3),
+        "sse_line_ms_per_mb": {f"{mb:g}": round(min(t), 3) for mb, t in per_mb.items()},
+        "sse_line_growth": round(growth, 3),
+    }
+
+
 def cell_figures(sessions: int, deltas: int, mode: str, ours: Side, base: Side) -> dict[str, Any]:
     events = sessions * (deltas + 5)
     us, base_us = min(ours.walls) / events * 1e6, min(base.walls) / events * 1e6
@@ -302,6 +400,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         + f"; per_event_growth ({large} / {small} deltas, {growth_mode}, CPU) {result['per_event_growth']:.2f}"
         f" (wall {result['per_event_growth_wall']:.2f}; baseline {result['baseline_per_event_growth']:.2f})"
     )
+    if args.sse:
+        result.update(await sse_figures(args, replies[large]))
     return {**result, "cells": list(cells.values()), **profile.save()}
 
 

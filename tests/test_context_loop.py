@@ -13,6 +13,7 @@ from queryloop import Runtime
 from queryloop.runtime.loop.context import CLEARED_TOOL_RESULT, COMPACT_INSTRUCTIONS, COMPACT_SUMMARY_PREFIX
 from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, ToolUseSummaryEvent, UserMessage
 from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.spill import spill_file_name
 from queryloop.runtime.loop.state import State, stop_hook_blocking
 from queryloop.runtime.loop.transcript import transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedModel
@@ -234,7 +235,7 @@ async def test_oversized_tool_results_are_persisted_with_a_preview_and_their_pat
         sent = ran.model.requests[1].messages[-1]["content"][0]
         assert sent["type"] == "tool_result" and sent["tool_use_id"] == "big"
         assert sent["content"].startswith("<persisted-output>")
-        saved = tmp_path / "tool-results" / "big.txt"
+        saved = tmp_path / "tool-results" / spill_file_name("big")
         assert str(saved) in sent["content"]
         assert saved.read_text() == big
         assert len(sent["content"]) < 500

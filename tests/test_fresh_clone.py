@@ -28,8 +28,9 @@ RELATIVE_UP = re.compile(r"[\w.\-/]*\.\./[\w.\-/]*")
 # `Path(__file__)` followed by `.parents[N]`, or by a run of `.parent`.
 PARENTS_INDEX = re.compile(r"Path\(__file__\)(?:\.resolve\(\))?\.parents\[(\d+)\]")
 PARENT_RUN = re.compile(r"Path\(__file__\)(?:\.resolve\(\))?((?:\.parent\b)+)")
-# Not a path in the repository: where pip says a wheel put its command, relative to site-packages.
-PIP_LISTED = {"../../../bin/queryloop"}
+# Not paths the repository reads: where pip says a wheel put its command (relative to site-packages),
+# and the hostile inputs of the tests that check such a path is refused (a model's or a server's).
+NOT_READ = {"../../../bin/queryloop", "../../x", "../../escaped"}
 # Folders of one machine, which no clone elsewhere has.
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home|Users)/")
 # The specification material the project was built from lives beside the repository, not in it.
@@ -53,7 +54,7 @@ def _escapes(path: Path, relative: str) -> bool:
 
 
 def _outside_references(path: Path, text: str) -> list[str]:
-    relative_up = (m for m in RELATIVE_UP.findall(text) if "://" not in m and m not in PIP_LISTED)
+    relative_up = (m for m in RELATIVE_UP.findall(text) if "://" not in m and m not in NOT_READ)
     found = [m for m in relative_up if _escapes(path, m)]
     depth = len(path.relative_to(REPO).parts)  # parents[depth - 1] is the repository root
     found += [f"parents[{n}]" for n in PARENTS_INDEX.findall(text) if int(n) >= depth]

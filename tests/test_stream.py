@@ -37,8 +37,16 @@ def load(name: str) -> list[dict[str, Any]]:
     return parse_sse((SSE / f"{name}.sse").read_text(encoding="utf-8"))
 
 
-def run(events: list[dict[str, Any]]) -> tuple[ResponseAssembler, list[CompletedBlock]]:
+def started() -> ResponseAssembler:
+    """An assembler past its stream's `message_start`."""
     assembler = ResponseAssembler()
+    assembler.feed({"type": "message_start", "message": {"id": "msg_t", "model": "m", "usage": {}}})
+    return assembler
+
+
+def run(events: list[dict[str, Any]]) -> tuple[ResponseAssembler, list[CompletedBlock]]:
+    """`events` through an assembler (a made-up stream of blocks alone is given a `message_start` first)."""
+    assembler = ResponseAssembler() if events and events[0]["type"] == "message_start" else started()
     completed: list[CompletedBlock] = []
     for event in events:
         block = assembler.feed(event)
@@ -291,9 +299,13 @@ def test_usage_comes_from_message_start_then_the_cumulative_message_delta() -> N
     assembler, _ = run(load("thinking_signature_then_text"))
     assert assembler.usage.output_tokens == 282
     assert assembler.usage.input_tokens == 43
+
+
+def test_usage_with_iterations_counts_every_sampling_pass_as_billed() -> None:
+    # Server-side compaction: two passes (the compaction, then the answer). The top-level counts (181 in,
+    # 8 out) are the answer's only; the response is billed for both, 281 in and 91 out.
     assembler, _ = run(load("server_compaction_block"))
-    assert assembler.usage.input_tokens == 181  # message_delta's input count replaces message_start's 100
-    assert assembler.usage.output_tokens == 8
+    assert assembler.usage == Usage(input_tokens=281, output_tokens=91, cache_read_input_tokens=55_096)
 
 
 def test_usage_of_a_message_delta_without_input_counts_keeps_message_start_values() -> None:
@@ -393,7 +405,7 @@ def test_pause_turn_streams_with_server_tools_assemble(name: str) -> None:
 
 
 def test_text_thinking_and_compaction_deltas_are_joined_once_at_their_block_stop() -> None:
-    assembler = ResponseAssembler()
+    assembler = started()
     assembler.feed({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "T"}})
     assembler.feed({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}})
     assembler.feed(
@@ -419,7 +431,7 @@ def test_text_thinking_and_compaction_deltas_are_joined_once_at_their_block_stop
 
 
 def test_a_text_block_cut_by_the_end_of_the_stream_is_joined_and_dropped_with_its_pieces() -> None:
-    assembler = ResponseAssembler()
+    assembler = started()
     assembler.feed({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
     assembler.feed({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "cut"}})
     assert assembler.close_truncated() == []  # only a tool_use is answered; a cut text is not kept
@@ -429,7 +441,7 @@ def test_a_text_block_cut_by_the_end_of_the_stream_is_joined_and_dropped_with_it
 def test_a_delta_after_its_block_stopped_extends_nothing_even_after_a_run_of_deltas() -> None:
     """A run of deltas of one block takes the assembler's short path; its block's stop ends that path,
     so a stray delta for the stopped block is ignored as any delta for an unopened block is."""
-    assembler = ResponseAssembler()
+    assembler = started()
     assembler.feed({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
     for piece in ("a", "b", "c"):
         assembler.feed({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}})

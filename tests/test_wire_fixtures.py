@@ -19,7 +19,7 @@ import trio
 from queryloop import QueryOptions, Runtime
 from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, StreamEvent, SystemMessage
 from queryloop.runtime.loop.transcript import transcript_problems
-from queryloop.runtime.providers.anthropic_model import _SSEParser
+from queryloop.runtime.providers.sse import SSEReader
 from tests.helpers import FIXTURES, scripted_tool, text_reply
 from tests.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, served
 
@@ -32,7 +32,7 @@ def recording(name: str) -> str:
 
 def wire_events(body: str) -> list[dict[str, Any]]:
     """The events of a recorded body as the wire has them (pings included), up to an `error` event."""
-    parser = _SSEParser()
+    parser = SSEReader()
     events = []
     for _, data in parser.feed(body.encode()) + parser.finish():
         if data:

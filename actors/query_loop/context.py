@@ -6,8 +6,6 @@ helper actor or a hook and applies a transition of `loop.state`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from queryloop.actors.budget_guard import CheckTokenBudget
 from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded
@@ -39,6 +37,7 @@ from queryloop.runtime.loop.hooks import (
     hook_error_message,
     stop_hook_block_cap_message,
 )
+from queryloop.runtime.loop.host_code import checked_attachments, checked_hook_decision, checked_memory
 from queryloop.runtime.loop.model import ModelError
 from queryloop.runtime.loop.state import (
     COMPLETED,
@@ -321,9 +320,9 @@ class QueryLoopContext(QueryLoopEnding):
         with self._phase(run):
             for hook in hooks:
                 try:
-                    decision = await hook(hook_input)
-                except Exception as error:
-                    self.log.exception("stop hook failed")
+                    decision = checked_hook_decision(await hook(hook_input))
+                except Exception as error:  # noqa: BLE001 - a failing hook is a non-blocking error, as in Claude Code
+                    self.log.opt(exception=error).warning("stop hook failed")
                     event: HookEvent = "Stop" if agent_id is None else "SubagentStop"
                     await self._hook_error(run, hook_error_message(event, hook, error))
                     continue
@@ -372,34 +371,46 @@ class QueryLoopContext(QueryLoopEnding):
     @staticmethod
     def _attachments_due(run: Run) -> bool:
         """Whether context can have arisen while the tools ran (not on most turns of most queries)."""
-        return bool(run.options.attachment_sources) or (run.memory is not None and not run.memory_used)
+        memory_due = run.memory is not None and not run.memory_used
+        return bool(run.options.attachment_sources) or memory_due or run.memory_failure is not None
 
     async def _attachments(self, run: Run) -> list[AttachmentMessage]:
         """Context that arose while the tools ran (`_attachments_due`), injected before the next model call.
 
-        A source that raises is skipped and logged, as a failed memory prefetch is: its
+        A source that raises or returns anything but a list of attachments is skipped for this turn, as a
+        failed memory prefetch is: a `hook_error` event says so and the result's `errors` names it; its
         context is lost for this turn, never the session.
         """
-        found: list[dict[str, Any]] = []
+        if (failure := run.memory_failure) is not None:
+            run.memory_failure = None
+            await self._emit(run, failure)
+        messages: list[AttachmentMessage] = []
         for source in run.options.attachment_sources:
             try:
-                found.extend(await source.collect())
-            except Exception:
-                self.log.exception("attachment source failed")
+                collected = checked_attachments(await source.collect())
+                messages.extend(AttachmentMessage(attachment=a) for a in collected)
+            except Exception as error:  # noqa: BLE001 - the host's source: a non-blocking error, as a hook's
+                self.log.opt(exception=error).warning("attachment source failed")
+                await self._hook_error(run, hook_error_message("AttachmentSource", source.collect, error))
         if run.memory is not None and not run.memory_used:
             run.memory_used = True
-            found.append({"type": "memory", "content": run.memory})
-        messages = [AttachmentMessage(attachment=a) for a in found]
+            messages.append(AttachmentMessage(attachment={"type": "memory", "content": run.memory}))
         for message in messages:
             await self._emit(run, message)
         return messages
 
     async def _prefetch_memory(self, run: Run, messages: list[TranscriptMessage]) -> None:
         assert run.options.memory_prefetch is not None
+        prefetch = run.options.memory_prefetch
         try:
-            run.memory = await run.options.memory_prefetch(messages)
-        except Exception:
-            self.log.exception("memory prefetch failed")
+            run.memory = checked_memory(await prefetch(messages))
+        except Exception as error:  # noqa: BLE001 - the host's prefetch: a non-blocking error, as a hook's
+            self.log.opt(exception=error).warning("memory prefetch failed")
+            # The prefetch runs beside the loop: its `hook_error` event waits for the loop's next
+            # attachments, so it never lands in the middle of a streamed response; `errors` has it now.
+            failure = hook_error_message("MemoryPrefetch", prefetch, error)
+            run.add_hook_errors((failure.content,))
+            run.memory_failure = failure
 
 
 def _out_of_attempts(run: Run, structured: StructuredAnswer) -> Terminal | None:

@@ -110,6 +110,8 @@ class Run:
     turn: Turn | None = None
     memory: str | None = None
     memory_used: bool = False
+    memory_failure: SystemMessage | None = None
+    """The `hook_error` event of a memory prefetch that failed, until the next attachments emit it."""
     agent_usage: dict[str, AgentUsage] | None = None
     """What each subagent of this query spent, by agent id (`subagent.Subagents`); None: it started none."""
     structured: StructuredAnswer | None = None
@@ -219,10 +221,13 @@ def add_tool_results(turn: Turn, messages: Iterable[TranscriptMessage]) -> None:
 
 def accept_result(run: Run, turn: Turn, result: ToolResult) -> list[TranscriptMessage]:
     """A tool's answer joins the turn, once: what to emit (its result, then what its PostToolUse hooks
-    produced, whose `hook_error` messages' texts join the query's `hook_errors`)."""
+    produced, whose `hook_error` messages' texts join the query's `hook_errors`, as do the failures of
+    host code that answered it, `host_errors`)."""
     if result.tool_use_id not in turn.pending:
         return []  # answered already, or not of this turn
     turn.pending.discard(result.tool_use_id)
+    if result.host_errors:
+        run.add_hook_errors(result.host_errors)
     if not result.hook_messages:
         add_tool_results(turn, (result.message,))
         return [result.message]

@@ -233,6 +233,7 @@ class QueryLoopTurns(TrioActor):
             task_budget=task_budget_of(run),
             effort=run.options.effort,
             purpose="main",
+            stream_idle_timeout_s=run.options.stream_idle_timeout_s,
         )
 
     async def _dispatch(self, run: Run, turn: Turn, item: Any) -> None:

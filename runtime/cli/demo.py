@@ -10,8 +10,9 @@ view nests the checker's steps under its `Agent` call.
 
 from __future__ import annotations
 
+import functools
 import tempfile
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ from typing import Any
 import trio
 from pydantic import BaseModel, Field
 
+from queryloop.runtime.cli import confined
 from queryloop.runtime.loop.agents import AGENT_TOOL_NAME, AgentDefinition
 from queryloop.runtime.loop.model import ModelRequest
-from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, tool
+from queryloop.runtime.loop.tools import Tool, ToolContext, tool
 from queryloop.runtime.providers.scripted import ScriptedModel, ScriptedReply
 
 DEMO_FILES: dict[str, str] = {
@@ -50,14 +52,12 @@ class PathArgs(BaseModel):
     path: str = Field(default=".", description="A path relative to the working directory")
 
 
-def confined(root: Path, relative: str) -> Path:
-    """`relative` resolved inside `root` (symlinks followed); anything outside is refused."""
-    base = root.resolve()
-    target = (base / relative).resolve()
-    if not target.is_relative_to(base):
-        msg = f"{relative!r} is outside the working directory"
-        raise ToolError(msg)
-    return target
+READ_CHARS = 2000
+"""What `read_file` shows of a file: its first characters, this many (and it reads no more than they need)."""
+LIST_ENTRIES = 1000
+"""What `list_files` shows of a directory: this many entries at most."""
+COUNT_BYTES = 1 << 30
+"""What `count_lines` reads of a file at most: a larger one is counted in its first GiB (and says so)."""
 
 
 def write_demo_files(folder: Path) -> None:
@@ -75,10 +75,16 @@ def demo_folder() -> Iterator[Path]:
         yield folder
 
 
-def demo_tools(root: Path, delay_s: float = 0.0) -> list[Tool]:
-    """`list_files`, `read_file` and `count_lines`, each refusing paths outside `root`.
+def demo_tools(root: Path, delay_s: float = 0.0, *, use_openat2: bool = True) -> list[Tool]:
+    """`list_files`, `read_file` and `count_lines`, confined to `root` (see `queryloop.runtime.cli.confined`).
+
+    Each opens what its path names beneath `root` once, after its pacing, and works on that descriptor
+    only: no symlink is followed, a FIFO, a device or a file with several hard links is refused, a
+    read never goes beyond what the result shows, and an abort abandons the work at once. Errors name
+    the path as the model gave it, never `root`.
 
     `delay_s` makes each tool take that long (with progress), to watch them run and to try Ctrl+C.
+    `use_openat2=False` walks paths component by component even where the kernel has `openat2`.
     """
 
     async def pace(ctx: ToolContext, what: str) -> None:
@@ -89,26 +95,59 @@ def demo_tools(root: Path, delay_s: float = 0.0) -> list[Tool]:
 
     @tool(concurrency_safe=True, description="List the entries of a directory")
     async def list_files(args: PathArgs, ctx: ToolContext) -> str:
-        target = confined(root, args.path)
+        confined.components(args.path)  # what is plainly outside is refused before the pacing; the open checks
         await pace(ctx, f"listing {args.path}")
-        entries = await trio.to_thread.run_sync(lambda: sorted(p.name for p in target.iterdir()))
-        return "\n".join(entries)
+        return await _in_thread(functools.partial(listing, root, args.path, use_openat2=use_openat2))
 
-    @tool(concurrency_safe=True, description="Read a text file (first 2,000 characters)")
+    @tool(concurrency_safe=True, description=f"Read a text file (first {READ_CHARS:,} characters)")
     async def read_file(args: PathArgs, ctx: ToolContext) -> str:
-        target = confined(root, args.path)
+        confined.components(args.path)
         await pace(ctx, f"reading {args.path}")
-        text = await trio.to_thread.run_sync(lambda: target.read_text(errors="replace"))
-        return text[:2000]
+        return await _in_thread(functools.partial(head, root, args.path, use_openat2=use_openat2))
 
     @tool(concurrency_safe=False, description="Count the lines of a text file")
     async def count_lines(args: PathArgs, ctx: ToolContext) -> str:
-        target = confined(root, args.path)
+        confined.components(args.path)
         await pace(ctx, f"counting {args.path}")
-        text = await trio.to_thread.run_sync(lambda: target.read_text(errors="replace"))
-        return str(text.count("\n"))
+        return await _in_thread(functools.partial(line_count, root, args.path, use_openat2=use_openat2))
 
     return [list_files, read_file, count_lines]
+
+
+async def _in_thread(work: Callable[[], str]) -> str:
+    """`work`'s result, from a worker thread that an abort or a timeout abandons at once.
+
+    The thread then ends on its own (closing what it opened): its reads are bounded, and a long count
+    stops at its next checkpoint. Nothing it does can hold `session.close()`.
+    """
+    return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+
+
+def listing(root: Path, path: str, *, use_openat2: bool = True) -> str:
+    """`list_files`'s result: the names of the directory, one a line (at most `LIST_ENTRIES`). Blocks."""
+    with confined.opened(root, path, directory=True, use_openat2=use_openat2) as fd:
+        names, more = confined.list_names(fd, LIST_ENTRIES)
+    # A name holding a newline would pass for two entries, one with a stray byte could not be sent: repr them.
+    shown = [name if name.isprintable() else repr(name) for name in names]
+    if more:
+        shown.append(f"(only {LIST_ENTRIES} of its entries are listed)")
+    return "\n".join(shown)
+
+
+def head(root: Path, path: str, *, use_openat2: bool = True) -> str:
+    """`read_file`'s result: the file's first `READ_CHARS` characters, read and no more. Blocks."""
+    with confined.opened(root, path, use_openat2=use_openat2) as fd:
+        return confined.read_head(fd, READ_CHARS)
+
+
+def line_count(root: Path, path: str, *, use_openat2: bool = True) -> str:
+    """`count_lines`'s result: the file's newlines, counted in its first `COUNT_BYTES` at most. Blocks.
+
+    Run by `_in_thread`: an abandoned count stops at its next chunk (`check_cancelled`).
+    """
+    with confined.opened(root, path, use_openat2=use_openat2) as fd:
+        count, whole = confined.count_newlines(fd, COUNT_BYTES, trio.from_thread.check_cancelled)
+    return str(count) if whole else f"at least {count} (counted in its first {COUNT_BYTES:,} bytes only)"
 
 
 LOOK_AROUND = ScriptedReply(

@@ -30,6 +30,7 @@ from rich.text import Text
 
 from queryloop import __version__
 from queryloop.runtime.cli.demo import DEMO_AGENTS, demo_folder, demo_model, demo_tools
+from queryloop.runtime.cli.printable import printable
 from queryloop.runtime.cli.scenario import ScenarioError, run_scenario_file
 from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
@@ -92,6 +93,9 @@ class _ToolRow:
 class LiveView:
     """What the terminal shows of one query, rebuilt from its events.
 
+    Every text it takes from an event goes through `printable` as it is taken (model text, tool
+    names, input, results, progress, summaries, system messages, a subagent's too), and into a
+    `Text`, never markup: nothing from outside reaches the terminal as a control sequence or as style.
     A subagent's events (`parent_tool_use_id` set) go to a view of their own, nested under the row
     of the `Agent` call that runs it (and a sub-subagent's under its parent's row, and so on)."""
 
@@ -116,21 +120,23 @@ class LiveView:
         if isinstance(event, StreamEvent):
             delta = event.event.get("delta") or {}
             if delta.get("type") == "text_delta":
-                self.streaming += delta.get("text", "")
+                self.streaming += printable(str(delta.get("text", "")))
         elif isinstance(event, AssistantMessage):
             self._assistant(event)
         elif isinstance(event, UserMessage) and isinstance(event.content, list):
             for block in event.content:
                 row = self.tools.get(block.get("tool_use_id", ""))
                 if block.get("type") == "tool_result" and row is not None:
-                    row.result = str(block.get("content", "")).splitlines()[0][:100] if block.get("content") else ""
+                    first = str(block.get("content", "")).splitlines()[0][:100] if block.get("content") else ""
+                    row.result = printable(first, multiline=False)
                     row.is_error = bool(block.get("is_error"))
         elif isinstance(event, ProgressEvent) and event.tool_use_id in self.tools:
-            self.tools[event.tool_use_id].progress = str(event.data)
+            self.tools[event.tool_use_id].progress = printable(str(event.data), multiline=False)
         elif isinstance(event, ToolUseSummaryEvent):
-            self.lines.append(Text(f"  ↳ {event.summary}", style="dim"))
+            self.lines.append(Text(f"  ↳ {printable(event.summary)}", style="dim"))
         elif isinstance(event, SystemMessage):
-            self.lines.append(Text(f"  [{event.subtype}] {event.content}", style="yellow"))
+            said = f"  [{printable(event.subtype, multiline=False)}] {printable(event.content)}"
+            self.lines.append(Text(said, style="yellow"))
         elif isinstance(event, ResultMessage):
             style = "red" if event.is_error else "green"
             # An API error ends a query `success` with `is_error` (as Claude Code reports it): an error.
@@ -145,12 +151,11 @@ class LiveView:
         block = message.content[0]
         if block.get("type") == "text":
             self.streaming = ""
-            if message.is_api_error:
-                self.lines.append(Text(block.get("text", ""), style="red"))
-            else:
-                self.lines.append(Text(block.get("text", ""), style="bold"))
+            text = printable(str(block.get("text", "")))
+            self.lines.append(Text(text, style="red" if message.is_api_error else "bold"))
         elif block.get("type") == "tool_use":
-            row = _ToolRow(block["name"], json.dumps(block.get("input", {}))[:80])
+            arguments = json.dumps(block.get("input", {}))[:80]
+            row = _ToolRow(printable(str(block["name"]), multiline=False), printable(arguments, multiline=False))
             self.tools[block["id"]] = row
             self.lines.append(row)
 
@@ -332,7 +337,11 @@ async def _query(plan: _Plan, console: Console, ctrl_c: _CtrlC) -> int:
     status = exit_status(handle)
     if status == EXIT_ERROR:
         result, terminal = handle.result, handle.terminal
-        why = "; ".join(result.errors) if result is not None and result.errors else "see above"
+        why = (
+            printable("; ".join(result.errors), multiline=False)
+            if result is not None and result.errors
+            else "see above"
+        )
         print(
             f"queryloop: the query ended in error ({terminal.reason if terminal else 'unknown'}): {why}",
             file=sys.stderr,

@@ -153,7 +153,8 @@ def stop_hook_block_cap_message(cap: int, errors: list[str]) -> SystemMessage:
     return SystemMessage(subtype=STOP_HOOK_BLOCK_CAP, content=text, data={"cap": cap, "blocking_errors": errors})
 
 
-HookEvent = Literal["Stop", "SubagentStop", "PostToolUse"]
+HookEvent = Literal["Stop", "SubagentStop", "PostToolUse", "AttachmentSource", "MemoryPrefetch"]
+"""Which host code failed: a hook, or one of the options' other callbacks that a failure treats as one."""
 
 HOOK_ERROR = "hook_error"
 """The `subtype` of the `system` event that reports a hook that raised."""
@@ -169,7 +170,7 @@ def hook_error_message(
 ) -> SystemMessage:
     """The `system` event for `hook` having raised `error`; its `content` is the text for `result.errors`.
 
-    `data`: `hook_event` (`Stop`, `SubagentStop`, `PostToolUse`), `hook_name` (the function's `__qualname__`, or its
+    `data`: `hook_event` (a `HookEvent`), `hook_name` (the function's `__qualname__`, or its
     class's for a callable object), `error` (`TypeName: message`) and, for PostToolUse, `tool_name`
     and `tool_use_id`.
     """

@@ -44,6 +44,9 @@ MAX_TOKENS_KINDS: frozenset[str] = frozenset({"context_overflow", "max_tokens_ca
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
 """The Messages API's `output_config.effort`: how much the model puts into a response."""
 
+DEFAULT_STREAM_IDLE_TIMEOUT_S = 300.0
+"""Claude Code's stream watchdog default: five minutes without an event (pings aside) fails the call."""
+
 
 @record
 class ModelRequest(Model):
@@ -65,6 +68,10 @@ class ModelRequest(Model):
     task_budget: dict[str, int] | None = None
     effort: Effort | None = None
     purpose: Literal["main", "summary", "compact"] = "main"
+    stream_idle_timeout_s: float | None = DEFAULT_STREAM_IDLE_TIMEOUT_S
+    """How long the response may take to start, then go without an event other than `ping`, before the call
+    fails as a retryable `connection` error (`QueryOptions.stream_idle_timeout_s`; None: no limit). Honoured by
+    the providers that read a wire (`AnthropicModel`)."""
 
 
 model_request = keyword_maker(ModelRequest)
@@ -178,3 +185,78 @@ def is_prompt_too_long(status: int | None, message: str) -> bool:
     """Every wording of "prompt too long" seen on the wire (api-facts §2): 400s and both 413 bodies."""
     text = message.lower()
     return status == 413 or any(marker in text for marker in PROMPT_TOO_LONG_MARKERS)
+
+
+# What a server's stream must be: checked by the assembler and by the ModelCaller before it forwards an event
+# (pure: tested without an actor).
+
+USAGE_COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+"""The counts of a usage object that are billed (the one-hour writes are part of `cache_creation_input_tokens`)."""
+
+ReportedUsage = tuple[int | None, int | None, int | None, int | None, int | None]
+"""A usage object's input, output, cache write and cache read counts, and its one-hour cache writes; None where
+it does not report one."""
+
+
+def _count_of(raw: dict[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if value.__class__ is not int or value < 0:  # bool is an int subclass: its class is not `int`
+        msg = f"usage {key} is {value!r:.40}, not a non-negative integer"
+        raise ValueError(msg)
+    count: int = value
+    return count
+
+
+def reported_usage(raw: Any) -> ReportedUsage:
+    """The counts a `message_start` / `message_delta` usage object reports, checked: each one present must be a
+    non-negative integer (else `ValueError`: a malformed response, never a negative or made-up cost).
+
+    With `iterations[]` (one entry per sampling pass: server-side compaction, then the answer), the
+    counts are the passes' sums, which is what the API bills; the top-level counts then cover the last
+    pass only.
+    """
+    if raw.__class__ is not dict:
+        msg = f"usage is {type(raw).__name__}, not an object"
+        raise ValueError(msg)
+    iterations = raw.get("iterations")
+    if iterations:
+        if iterations.__class__ is not list or not all(i.__class__ is dict for i in iterations):
+            msg = "usage iterations is not a list of objects"
+            raise ValueError(msg)
+        passes = [reported_usage({k: v for k, v in i.items() if k != "iterations"}) for i in iterations]
+        return (*(sum(p[n] or 0 for p in passes) for n in range(5)),)  # type: ignore[return-value]
+    one_hour = None
+    creation = raw.get("cache_creation")
+    if creation.__class__ is dict:  # an optional breakdown: one that is not an object says nothing
+        one_hour = _count_of(creation, "ephemeral_1h_input_tokens")
+        _count_of(creation, "ephemeral_5m_input_tokens")
+    return (*(_count_of(raw, key) for key in USAGE_COUNTS), one_hour)  # type: ignore[return-value]
+
+
+def checked_usage(kind: str, usage: Any) -> dict[str, Any]:
+    """`usage` of a `kind` event once its counts are known to be non-negative integers (`reported_usage`), else
+    a malformed-stream `ModelError`: a malformed usage is never noted, so a cut call is never billed a made-up
+    (or negative) cost."""
+    try:
+        reported_usage(usage)
+    except ValueError as error:
+        msg = f"malformed stream event {kind!r}: {error}"
+        raise ModelError("api_error", msg) from error
+    checked: dict[str, Any] = usage
+    return checked
+
+
+def before_message_start(raw: Any, kind: Any, item: Any, held: list[Any]) -> None:
+    """An event (`raw`, its `kind` if read) of a stream that has not started yet, which nothing forwards now:
+    `message_start` is held back in `held` (an error right after it then leaves nothing seen), a `ping`
+    dropped (a keep-alive says nothing), anything else makes the stream malformed (a `ModelError`: a lone
+    `message_stop` is never a success)."""
+    if kind is None and isinstance(raw, dict):  # a dict subclass: its type is read here
+        kind = raw.get("type")
+    if kind == "message_start":
+        held.append(item)
+    elif kind != "ping":
+        msg = f"malformed stream: {kind!r} before message_start"
+        raise ModelError("api_error", msg)

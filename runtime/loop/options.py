@@ -66,6 +66,11 @@ class QueryOptions(BaseModel):
     max_output_tokens: int = Field(default=8000, ge=1)
     escalated_max_output_tokens: int = Field(default=64000, ge=1)
     max_retries: int = Field(default=2, ge=0)
+    stream_idle_timeout_s: float | None = Field(default=300.0, gt=0)
+    """Claude Code's stream watchdog: a model call whose response takes longer than this to start, or then goes
+    this long without an event (`ping`s do not count), fails as a connection error, retried as one (within
+    `max_retries`, while nothing of it has been shown). None: no limit (the SDK's own timeout, ten minutes per
+    read, still applies). Honoured by `AnthropicModel`."""
     max_pause_turn_continuations: int = Field(default=5, ge=0)
     """`pause_turn` responses sent back per turn before the query ends with an error. Each continuation
     re-sends the whole context (billed again), and the server already runs up to ten server-tool

@@ -10,6 +10,13 @@ its tool is answered with an error and never run; `stop_reason` stays None
 until a `message_delta` says otherwise, so a stream cut before
 `message_stop` is recognised as incomplete.
 
+The server's bytes are checked, not trusted (a proxy may send anything): an event before
+`message_start` (a lone `message_stop` is no success), and a usage count that is not a
+non-negative integer, raise `ValueError` (a malformed stream, for the ModelCaller); a usage with
+`iterations[]` (server-side compaction's passes) counts their sum, as it is billed; a second
+`tool_use` with an id already seen in the response is dropped (`duplicate_tool_use_ids`), so it
+never runs twice nor is sent back twice.
+
 Linear in a reply's length: text, thinking and compaction deltas are collected as pieces and
 joined once, when their block completes (appending to the block's string at every delta would
 copy the whole text each time: quadratic in a 64k-token reply).
@@ -20,14 +27,11 @@ from __future__ import annotations
 import json
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from queryloop.runtime.loop.events import Block, Usage, usage_of
 from queryloop.runtime.loop.json_text import loads
-
-if TYPE_CHECKING:
-    from queryloop.runtime.loop.model import ModelProvider, ModelRequest
-
+from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest, reported_usage
 
 STREAMED_FIELD: dict[str, str] = {"text_delta": "text", "thinking_delta": "thinking", "compaction_delta": "content"}
 """The deltas that extend a block's string, and which field they extend (a compaction's summary, the server's,
@@ -50,6 +54,11 @@ class ResponseAssembler:
     stop_details: dict[str, Any] | None = None
     """What the API says of the stop (a `refusal`'s `category` and `explanation`), as it sent it."""
     stopped: bool = False
+    started: bool = False
+    """A `message_start` came: any event but a `ping` before it makes the stream malformed."""
+    duplicate_tool_use_ids: list[str] = field(default_factory=list)
+    """The ids of `tool_use` blocks dropped for repeating an id of an earlier block of the response."""
+    _tool_use_ids: set[str] = field(default_factory=set)
     _input_tokens: int = 0
     _output_tokens: int = 0
     _cache_creation_input_tokens: int = 0
@@ -80,6 +89,8 @@ class ResponseAssembler:
                 return None
             self._delta(index, delta)
         elif kind == "content_block_start":
+            if not self.started:
+                self._before_start(kind)
             index = event["index"]
             block = self._open[index] = dict(event["content_block"])
             if "input" in block:  # tool_use, server_tool_use, mcp_tool_use: input streams as JSON
@@ -89,6 +100,7 @@ class ResponseAssembler:
         elif kind == "content_block_stop":
             return self._complete(event["index"])
         elif kind == "message_start":
+            self.started = True
             self._last_index = -1
             message = event["message"]
             self.message_id = message.get("id", "")
@@ -98,13 +110,22 @@ class ResponseAssembler:
             self._cache_creation_1h_input_tokens = 0
             self._count(message.get("usage") or {})
         elif kind == "message_delta":
+            if not self.started:
+                self._before_start(kind)
             delta = event.get("delta") or {}
             self.stop_reason = delta.get("stop_reason", self.stop_reason)
             self.stop_details = delta.get("stop_details", self.stop_details)
             self._count(event.get("usage") or {})
         elif kind == "message_stop":
+            if not self.started:
+                self._before_start(kind)
             self.stopped = True
         return None
+
+    @staticmethod
+    def _before_start(kind: str) -> None:
+        msg = f"{kind} before message_start"
+        raise ValueError(msg)
 
     @property
     def usage(self) -> Usage:
@@ -123,12 +144,12 @@ class ResponseAssembler:
 
     def _count(self, raw: dict[str, Any]) -> None:
         # As `usage_from`: a non-zero count replaces the one before it, a zero leaves it.
-        self._input_tokens = raw.get("input_tokens") or self._input_tokens
-        self._output_tokens = raw.get("output_tokens") or self._output_tokens
-        self._cache_creation_input_tokens = raw.get("cache_creation_input_tokens") or self._cache_creation_input_tokens
-        self._cache_read_input_tokens = raw.get("cache_read_input_tokens") or self._cache_read_input_tokens
-        if creation := raw.get("cache_creation"):
-            self._cache_creation_1h_input_tokens = one_hour_writes(creation) or self._cache_creation_1h_input_tokens
+        inputs, outputs, writes, reads, one_hour = reported_usage(raw)
+        self._input_tokens = inputs or self._input_tokens
+        self._output_tokens = outputs or self._output_tokens
+        self._cache_creation_input_tokens = writes or self._cache_creation_input_tokens
+        self._cache_read_input_tokens = reads or self._cache_read_input_tokens
+        self._cache_creation_1h_input_tokens = one_hour or self._cache_creation_1h_input_tokens
         self._usage = None
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
@@ -167,6 +188,13 @@ class ResponseAssembler:
         if block is None:
             return None
         self._join(index, block)
+        if block.get("type") == "tool_use":
+            tool_use_id = block.get("id")
+            if tool_use_id in self._tool_use_ids:  # run once, answered once: the API refuses a repeated id
+                self._json.pop(index, None)
+                self.duplicate_tool_use_ids.append(str(tool_use_id))
+                return None
+            self._tool_use_ids.add(tool_use_id)  # type: ignore[arg-type]
         fragments = self._json.pop(index, None)
         if fragments is None:
             return CompletedBlock(index, block)
@@ -193,32 +221,28 @@ class ResponseAssembler:
             if block.get("type") == "tool_use":
                 block["input"] = {}
                 self._json.pop(index, None)
+                if block.get("id") in self._tool_use_ids:  # its id was completed by another block: answered there
+                    self.duplicate_tool_use_ids.append(str(block.get("id")))
+                    continue
+                self._tool_use_ids.add(block.get("id"))  # type: ignore[arg-type]
                 reason = f"the tool input was cut off by {self.stop_reason or 'the end of the stream'}"
                 cut.append(CompletedBlock(index, block, f"InputValidationError: {reason}; the tool did not run"))
         return cut
 
 
 def usage_from(raw: dict[str, Any], previous: Usage) -> Usage:
-    """The usage after a `message_start` / `message_delta` usage object, given the usage before it."""
+    """The usage after a `message_start` / `message_delta` usage object, given the usage before it
+    (`ValueError` for a count that is not a non-negative integer: see `reported_usage`)."""
     # message_delta usage is cumulative: a non-zero field replaces the previous value. A zero
     # leaves it, as the reference's updateUsage does (deltas report 0 for counts they omit).
+    inputs, outputs, writes, reads, one_hour = reported_usage(raw)
     return Usage(
-        input_tokens=raw.get("input_tokens") or previous.input_tokens,
-        output_tokens=raw.get("output_tokens") or previous.output_tokens,
-        cache_creation_input_tokens=raw.get("cache_creation_input_tokens") or previous.cache_creation_input_tokens,
-        cache_read_input_tokens=raw.get("cache_read_input_tokens") or previous.cache_read_input_tokens,
-        cache_creation_1h_input_tokens=one_hour_writes(raw.get("cache_creation"))
-        or previous.cache_creation_1h_input_tokens,
+        input_tokens=inputs or previous.input_tokens,
+        output_tokens=outputs or previous.output_tokens,
+        cache_creation_input_tokens=writes or previous.cache_creation_input_tokens,
+        cache_read_input_tokens=reads or previous.cache_read_input_tokens,
+        cache_creation_1h_input_tokens=one_hour or previous.cache_creation_1h_input_tokens,
     )
-
-
-def one_hour_writes(creation: Any) -> int:
-    """The one-hour cache writes of a usage's `cache_creation` breakdown (`{"ephemeral_5m_input_tokens": …,
-    "ephemeral_1h_input_tokens": …}`); 0 where it is missing or not an object."""
-    if creation.__class__ is not dict:
-        return 0
-    count: int = creation.get("ephemeral_1h_input_tokens") or 0
-    return count
 
 
 async def complete_text(provider: ModelProvider, request: ModelRequest) -> tuple[str, Usage]:
@@ -226,13 +250,15 @@ async def complete_text(provider: ModelProvider, request: ModelRequest) -> tuple
 
     Raises the provider's `ModelError`, or a `connection` one if the stream stopped before `message_stop`.
     """
-    from queryloop.runtime.loop.model import ModelError
-
     assembler = ResponseAssembler()
     texts: list[str] = []
     async with aclosing(provider.stream(request)) as stream:
         async for raw in stream:
-            completed = assembler.feed(raw)
+            try:
+                completed = assembler.feed(raw)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                msg = f"malformed {request.purpose} stream event: {type(error).__name__}: {error} in {raw!r:.200}"
+                raise ModelError("api_error", msg) from error
             if completed is not None and completed.block.get("type") == "text":
                 texts.append(completed.block.get("text", ""))
     if not assembler.stopped:

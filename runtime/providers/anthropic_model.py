@@ -32,7 +32,13 @@ How failures map to `ModelError.kind` (`status` is the HTTP code, `retry_after` 
   event …"), raised before it is yielded, like data that is not JSON at all;
 - connection refused, timeout, transport error while reading the body: `connection`;
 - a body that ends without `message_stop`, or is cut inside an event: `connection`
-  ("stream ended before message_stop"), after every whole event before it was yielded.
+  ("stream ended before message_stop"), after every whole event before it was yielded;
+- the wire defences (docs/design.md, "The wire defences"), each a `WireDefenceError`: a response that
+  does not start within `request.stream_idle_timeout_s`, or then goes that long without an event
+  other than `ping` (the stream watchdog, `watchdog.py`): `connection` ("Stream idle timeout - …");
+  more than `sse.MAX_EVENT_BYTES` (16 MiB) without a whole event: `api_error`; a `Content-Encoding`
+  that cannot be read (`content_encoding.py`): `api_error` with `should_retry` False; a body not valid
+  in its coding: `api_error`.
 
 The SDK's own retries default to 0: the runtime's ModelCaller retries, and a retry inside the
 SDK would be invisible to its budgets and events.
@@ -54,15 +60,19 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import math
-import re
 import time
+import urllib.parse
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
+from loguru import logger
 
 from queryloop.runtime.loop.json_text import loads
 from queryloop.runtime.loop.max_tokens import parse_context_overflow, parse_model_output_cap
 from queryloop.runtime.loop.model import ModelError, ModelErrorKind, ModelRequest, is_prompt_too_long
+from queryloop.runtime.providers.content_encoding import body_decoder
+from queryloop.runtime.providers.sse import SSEReader, WireDefenceError
+from queryloop.runtime.providers.watchdog import IdleWatchdog
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -77,7 +87,14 @@ if TYPE_CHECKING:
         ToolUnionParam,
     )
 
-__all__ = ["AnthropicModel", "classify_status", "model_error_from_sdk", "parse_retry_after", "parse_should_retry"]
+__all__ = [
+    "AnthropicModel",
+    "classify_status",
+    "model_error_from_sdk",
+    "parse_retry_after",
+    "parse_should_retry",
+    "redacted_url",
+]
 
 IMAGE_SIZE_MARKERS = ("image exceeds", "image too large", "image dimensions")
 
@@ -111,8 +128,6 @@ DRAIN_S = 0.5
 """How long a stream ended by an error is read on to its end before it is simply closed."""
 CLOSE_GRACE_S = 5.0
 
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-
 
 class AnthropicModel:
     """A `ModelProvider` backed by `anthropic.AsyncAnthropic`. See the module docstring for the mapping."""
@@ -145,9 +160,10 @@ class AnthropicModel:
         self.cache_ttl = cache_ttl
 
     def __repr__(self) -> str:
+        # No key, header or credential of the client: a repr ends up in logs, tracebacks and test reports.
         client = self._client
         return (
-            f"AnthropicModel(base_url={str(client.base_url)!r}, "
+            f"AnthropicModel(base_url={redacted_url(str(client.base_url))!r}, "
             f"max_retries={client.max_retries}, timeout={client.timeout!r})"
         )
 
@@ -161,13 +177,76 @@ class AnthropicModel:
 
         Iterate it under `contextlib.aclosing` (or run it to the end): the HTTP response is
         closed in the generator's `finally`, which only runs promptly when the generator is
-        closed.
+        closed. The wire defences (docs/design.md): the stream watchdog (`IdleWatchdog`), the
+        body's `Content-Encoding` undone or refused (`content_encoding`), and the SSE reader's
+        linear time and cap on one event (`SSEReader`).
         """
-        import anthropic  # loaded by now (a client exists): a lookup in sys.modules
         import httpx2
+
+        watchdog = IdleWatchdog(request.stream_idle_timeout_s)
+        sdk_stream = await self._open(request, watchdog)
+        response = sdk_stream.response
+        # From the network: aiter_raw, not aiter_bytes, which abandons its inner aiter_raw generator
+        # when closed and leaves the transport's body iterator to the garbage collector. A body
+        # already in memory (a test transport) is read by aiter_bytes, with no generator beneath, and
+        # is decoded already; a raw one is decoded here.
+        raw = not response.is_stream_consumed
+        chunks = response.aiter_raw() if raw else response.aiter_bytes()
+        reader = SSEReader()
+        saw_message_stop = False
+        drain = True  # whether a stream that ends on an error is read on to its end before it is closed
+        try:
+            try:
+                decoder = body_decoder(response.headers.get("content-encoding")) if raw else None
+                watchdog.start()  # the headers are in: the idle count starts afresh
+                while (chunk := await watchdog.read(chunks)) is not None:
+                    for piece in (chunk,) if decoder is None else decoder.decode(chunk):
+                        for name, data in reader.feed(piece):
+                            event = _decode_event(name, data, response, at_eof=False)
+                            if event is not None:
+                                watchdog.heard(event)
+                                saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
+                                watchdog.pause()  # the consumer's time with the event is not the server's
+                                yield event
+                                watchdog.resume()
+            except httpx2.RequestError as exc:
+                # The SDK wraps transport errors only while sending; reading the body raises them raw.
+                raise ModelError("connection", f"stream broke: {exc!r}") from exc
+            for name, data in reader.finish():
+                # The last event may lack its blank line (a recording, or a proxy); it is whole exactly
+                # when its data parses, otherwise the connection was cut inside it.
+                event = _decode_event(name, data, response, at_eof=True)
+                if event is not None:
+                    saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
+                    yield event
+            if not saw_message_stop:
+                raise ModelError("connection", "stream ended before message_stop")
+        except GeneratorExit:
+            drain = False  # the consumer left: it is not kept waiting
+            raise
+        except WireDefenceError as error:
+            drain = False  # a silent server has nothing to drain, and a refused body is not read on
+            _log_refusal(error, request)
+            raise
+        finally:
+            with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+                if drain:
+                    # An error ended the stream and the server is closing it: reading on to EOF lets
+                    # every body iterator of the chain finish by itself (httpx2's transport wrapper
+                    # cannot close httpcore's from outside).
+                    with trio.move_on_after(DRAIN_S):
+                        async for _ in chunks:
+                            pass
+                await chunks.aclose()
+                await sdk_stream.close()
+
+    async def _open(self, request: ModelRequest, watchdog: IdleWatchdog) -> anthropic.AsyncStream[Any]:
+        """Send the request; the SDK's stream once the response's headers have come, within the watchdog's
+        first-byte deadline."""
+        import anthropic  # loaded by now (a client exists): a lookup in sys.modules
         from anthropic import omit
 
-        # The body is read raw (see below), so it must not be compressed.
+        # The body is read raw (`stream`), so it should not be compressed (a proxy may still compress it).
         extra_headers: dict[str, str] = {"accept-encoding": "identity"}
         extra_body: dict[str, Any] = {}
         output_config: dict[str, Any] = {}
@@ -181,64 +260,48 @@ class AnthropicModel:
             output_config["effort"] = request.effort
         if output_config:
             extra_body["output_config"] = output_config
-        try:
-            sdk_stream = await self._client.messages.create(
-                stream=True,
-                model=request.model,
-                max_tokens=request.max_tokens,
-                messages=cast("list[MessageParam]", request.messages),
-                system=cast("list[TextBlockParam]", request.system) if request.system else omit,
-                tools=cast("list[ToolUnionParam]", request.tools) if request.tools else omit,
-                thinking=cast("ThinkingConfigParam", request.thinking) if request.thinking else omit,
-                cache_control=_CACHE_MARKERS[self.cache_ttl] if self.prompt_caching else omit,
-                extra_headers=extra_headers,
-                extra_body=extra_body or None,
-            )
-        except anthropic.AnthropicError as exc:
-            raise model_error_from_sdk(exc) from exc
-
-        response = sdk_stream.response
-        # From the network: aiter_raw, not aiter_bytes, which abandons its inner aiter_raw generator
-        # when closed and leaves the transport's body iterator to the garbage collector. A body
-        # already in memory (a test transport) is read by aiter_bytes, with no generator beneath.
-        chunks = response.aiter_bytes() if response.is_stream_consumed else response.aiter_raw()
-        parser = _SSEParser()
-        saw_message_stop = False
-        consumer_left = False
-        try:
+        watchdog.start()
+        with trio.CancelScope(deadline=watchdog.deadline):
             try:
-                async for chunk in chunks:
-                    for name, data in parser.feed(chunk):
-                        event = _decode_event(name, data, response, at_eof=False)
-                        if event is not None:
-                            saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
-                            yield event
-            except httpx2.RequestError as exc:
-                # The SDK wraps transport errors only while sending; reading the body raises them raw.
-                raise ModelError("connection", f"stream broke: {exc!r}") from exc
-            for name, data in parser.finish():
-                # The last event may lack its blank line (a recording, or a proxy); it is whole
-                # exactly when its data parses, otherwise the connection was cut inside it.
-                event = _decode_event(name, data, response, at_eof=True)
-                if event is not None:
-                    saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
-                    yield event
-            if not saw_message_stop:
-                raise ModelError("connection", "stream ended before message_stop")
-        except GeneratorExit:
-            consumer_left = True
-            raise
-        finally:
-            with trio.move_on_after(CLOSE_GRACE_S, shield=True):
-                if not consumer_left:
-                    # An error ended the stream and the server is closing it: reading on to EOF lets
-                    # every body iterator of the chain finish by itself (httpx2's transport wrapper
-                    # cannot close httpcore's from outside). A consumer that left is not waited for.
-                    with trio.move_on_after(DRAIN_S):
-                        async for _ in chunks:
-                            pass
-                await chunks.aclose()
-                await sdk_stream.close()
+                return await self._client.messages.create(
+                    stream=True,
+                    model=request.model,
+                    max_tokens=request.max_tokens,
+                    messages=cast("list[MessageParam]", request.messages),
+                    system=cast("list[TextBlockParam]", request.system) if request.system else omit,
+                    tools=cast("list[ToolUnionParam]", request.tools) if request.tools else omit,
+                    thinking=cast("ThinkingConfigParam", request.thinking) if request.thinking else omit,
+                    cache_control=_CACHE_MARKERS[self.cache_ttl] if self.prompt_caching else omit,
+                    extra_headers=extra_headers,
+                    extra_body=extra_body or None,
+                )
+            except anthropic.AnthropicError as exc:
+                raise model_error_from_sdk(exc) from exc
+        # Out of the scope without a response: the first-byte deadline passed.
+        error = watchdog.expired()
+        _log_refusal(error, request)
+        raise error
+
+
+def _log_refusal(error: ModelError, request: ModelRequest) -> None:
+    """A wire defence refused the response (the watchdog, the event cap, an unreadable coding): said at WARNING."""
+    log = logger.bind(provider="AnthropicModel", model=request.model, purpose=request.purpose)
+    log.warning("model call refused by a wire defence: {}", error.message)
+
+
+def redacted_url(url: str) -> str:
+    """`url` without what may be a credential: its userinfo (`user:KEY@`) shown as `***@`, its query as `?***`.
+
+    An unparseable URL is shown as `***` whole: better nothing than a key.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            netloc = "***@" + netloc.rpartition("@")[2]
+        return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
+    except ValueError:
+        return "***"
 
 
 def model_error_from_sdk(exc: anthropic.AnthropicError) -> ModelError:
@@ -359,52 +422,3 @@ def _decode_event(name: str | None, data: str, response: httpx2.Response, *, at_
     if at_eof:
         raise ModelError("connection", "stream ended before message_stop (cut inside an event)")
     raise ModelError("api_error", f"malformed stream event {name!r}: {data[:200]!r}")
-
-
-class _SSEParser:
-    """Incremental `text/event-stream` decoding (WHATWG rules, only the `event` and `data` fields)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._event: str | None = None
-        self._data: list[str] = []
-
-    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
-        self._buffer += chunk
-        events: list[tuple[str | None, str]] = []
-        consumed = 0
-        for match in _LINE_END.finditer(self._buffer):
-            if match.group() == b"\r" and match.end() == len(self._buffer):
-                break  # maybe the first half of a \r\n split across chunks
-            event = self._line(self._buffer[consumed : match.start()])
-            consumed = match.end()
-            if event is not None:
-                events.append(event)
-        self._buffer = self._buffer[consumed:]
-        return events
-
-    def finish(self) -> list[tuple[str | None, str]]:
-        """The event left pending at end of body, which a spec parser would drop."""
-        events = self.feed(b"\n")
-        if self._event is not None or self._data:
-            events.append((self._event, "\n".join(self._data)))
-            self._event, self._data = None, []
-        return events
-
-    def _line(self, raw: bytes) -> tuple[str | None, str] | None:
-        line = raw.decode("utf-8", errors="replace")
-        if not line:
-            if self._event is None and not self._data:
-                return None
-            event = (self._event, "\n".join(self._data))
-            self._event, self._data = None, []
-            return event
-        if line.startswith(":"):
-            return None
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "event":
-            self._event = value
-        elif field == "data":
-            self._data.append(value)
-        return None

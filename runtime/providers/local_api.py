@@ -43,8 +43,13 @@ recorded ones in `tests/fixtures/errors`. Entries only a real wire can express (
   beside it laid over the recorded ones;
 - a reply with `"stall_after_events": N`: its first N events at once, then its whole `latency_ms`
   of silence, then the rest (a stream that stalls mid-way, to abort it there);
+- `{"error": "pings_forever", "after_events": N, "ping_every_ms": MS}`: a 200 stream of N events of
+  `content`, then a `ping` after every MS of silence (1000 by default), never ending: the stalled
+  stream a keep-alive hides from a read timeout;
 - `{"sse": BODY}`: a recorded response body (`tests/fixtures/sse/*.sse`) sent byte for byte as a
-  200 event stream, padding and pings as recorded (one with an `error` event closes the connection).
+  200 event stream, padding and pings as recorded (one with an `error` event closes the connection);
+  with `"content_encoding": NAME` beside it, sent under that `Content-Encoding` (compressed if NAME is
+  `gzip` or `deflate`, as recorded under any other name).
 
 `after_events` counts the script's events; `ping`s are extra. A request past the end of the
 script gets a 500 `api_error` saying so; a path other than `/v1/messages` gets a 404.
@@ -86,6 +91,7 @@ from queryloop.runtime.providers.wire_script import (
     error_body,
     estimate_tokens,
     parse_wire_entry,
+    pings_forever_plan,
     recorded_plan,
     reply_plan,
     stalled_plan,
@@ -120,6 +126,10 @@ REASONS: dict[int, bytes] = {
 }
 
 
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie"})
+"""Headers whose values a repr never shows (a failing test prints the requests it compared)."""
+
+
 @dataclass(frozen=True)
 class ReceivedRequest:
     """One HTTP request as the server received it."""
@@ -130,6 +140,12 @@ class ReceivedRequest:
     """Lower-cased names; a repeated header keeps its last value."""
     body: dict[str, Any]
     """The parsed JSON body; `{}` when there was none or it was not a JSON object."""
+
+    def __repr__(self) -> str:
+        # The client's key is in `headers` (tests assert it was sent); a repr, printed by any failing
+        # assertion that shows a request, masks it.
+        shown = {name: "***" if name in CREDENTIAL_HEADERS else value for name, value in self.headers.items()}
+        return f"ReceivedRequest(method={self.method!r}, path={self.path!r}, headers={shown!r}, body={self.body!r})"
 
 
 class _PeerGone(Exception):
@@ -379,6 +395,9 @@ class LocalMessagesAPI:
             Sleep(entry.latency_ms / 2000),
             *with_ping([SseEvent(e) for e in events[: entry.after_events]]),
         ]
+        if entry.error == "pings_forever":
+            await self._send_stream(conn, stream, pings_forever_plan(steps, entry.ping_every_ms / 1000), request_id)
+            return
         if entry.error == "malformed_event":
             steps.append(SseEvent(entry.event))
         else:
@@ -397,6 +416,7 @@ class LocalMessagesAPI:
         """Send one SSE response; raise `_PeerGone` if the client left first, `_CloseConnection` for a cut."""
         headers = [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache")]
         headers.append(("request-id", request_id))
+        headers.extend(plan.headers)
         if plan.ending != "complete":
             # The server closes after an error event; saying so keeps the client from pooling the connection.
             headers.append(("connection", "close"))

@@ -7,8 +7,11 @@ Pure data and functions: the server (`local_api`) turns a plan into HTTP. Import
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,16 +36,19 @@ class WireFault(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    error: Literal["midstream_overloaded", "request_too_large", "malformed_event"]
+    error: Literal["midstream_overloaded", "request_too_large", "malformed_event", "pings_forever"]
     after_events: int = Field(default=0, ge=0)
-    """For `midstream_overloaded` and `malformed_event`: how many events of `content` stream before the bad one."""
+    """For `midstream_overloaded`, `malformed_event` and `pings_forever`: how many events of `content` stream
+    before the bad one (or the pings)."""
     content: list[dict[str, Any]] = Field(default_factory=lambda: [{"type": "text", "text": "An answer cut"}])
     event: dict[str, Any] = Field(default_factory=lambda: {"index": 0, "delta": {"type": "text_delta", "text": "?"}})
     """For `malformed_event`: the data of the event sent in place of the rest (by default one without a `type`)."""
     latency_ms: float = Field(default=0, ge=0)
+    ping_every_ms: float = Field(default=1000, gt=0)
+    """For `pings_forever`: the silence before each `ping`."""
 
 
-WIRE_FAULTS = frozenset({"midstream_overloaded", "request_too_large", "malformed_event"})
+WIRE_FAULTS = frozenset({"midstream_overloaded", "request_too_large", "malformed_event", "pings_forever"})
 
 # Set by the server itself from the body it sends.
 COMPUTED_HEADERS = frozenset({"content-length", "content-type", "transfer-encoding"})
@@ -93,9 +99,13 @@ class StalledReply:
 
 @dataclass(frozen=True)
 class RecordedStream:
-    """A recorded response body (a `.sse` file of `tests/fixtures/sse`), sent byte for byte as a 200 stream."""
+    """A recorded response body (a `.sse` file of `tests/fixtures/sse`), sent byte for byte as a 200 stream.
+
+    With a `content_encoding`, the body is sent under that `Content-Encoding`: compressed if it is `gzip` or
+    `deflate` (zlib-wrapped), as recorded under any other name (a header no client can honour)."""
 
     body: bytes
+    content_encoding: str | None = None
 
 
 WireEntry = ScriptEntry | WireFault | HttpError | StalledReply | RecordedStream
@@ -106,11 +116,15 @@ def parse_wire_entry(raw: WireEntry | dict[str, Any]) -> WireEntry:
     if not isinstance(raw, dict):
         return raw
     if "sse" in raw:
-        body = raw["sse"]
-        if set(raw) != {"sse"} or not isinstance(body, str | bytes):
-            msg = f"a recorded stream is {{'sse': <the body's text>}} alone, got keys {sorted(raw)}"
+        body, encoding = raw["sse"], raw.get("content_encoding")
+        if set(raw) - {"sse", "content_encoding"} or not isinstance(body, str | bytes):
+            shape = "{'sse': <the body's text>[, 'content_encoding': NAME]}"
+            msg = f"a recorded stream is {shape}, got keys {sorted(raw)}"
             raise ValueError(msg)
-        return RecordedStream(body=body.encode() if isinstance(body, str) else body)
+        if encoding is not None and not isinstance(encoding, str):
+            msg = f"a recorded stream's content_encoding is a name, not {encoding!r}"
+            raise ValueError(msg)
+        return RecordedStream(body=body.encode() if isinstance(body, str) else body, content_encoding=encoding)
     if raw.get("error") in WIRE_FAULTS:
         return WireFault.model_validate(raw)
     if raw.get("error") == "http":
@@ -145,16 +159,39 @@ class RawBytes:
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """What one 200 response sends: sleeps and events, then how the body ends."""
+    """What one 200 response sends: sleeps and events (perhaps without end), then how the body ends."""
 
-    steps: Sequence[Sleep | SseEvent | RawBytes]
+    steps: Iterable[Sleep | SseEvent | RawBytes]
     ending: Literal["complete", "error_event", "cut"]
+    headers: Sequence[tuple[str, str]] = ()
+    """Sent beside the event stream's own."""
 
 
 def recorded_plan(entry: RecordedStream) -> StreamPlan:
     """A recording sent whole; one with an `error` event ends as the server ends those (connection closed)."""
     error = b"event: error" in entry.body
-    return StreamPlan(steps=[RawBytes(entry.body)], ending="error_event" if error else "complete")
+    ending: Literal["error_event", "complete"] = "error_event" if error else "complete"
+    if entry.content_encoding is None:
+        return StreamPlan(steps=[RawBytes(entry.body)], ending=ending)
+    body = _compressed(entry.body, entry.content_encoding)
+    # In three parts, so that a client's decoder sees a coding's state carried from one read to the next.
+    third = max(1, len(body) // 3)
+    parts = [RawBytes(body[i : i + third]) for i in range(0, len(body), third)]
+    return StreamPlan(steps=parts, ending=ending, headers=[("content-encoding", entry.content_encoding)])
+
+
+def _compressed(body: bytes, coding: str) -> bytes:
+    if coding == "gzip":
+        return gzip.compress(body)
+    if coding == "deflate":
+        return zlib.compress(body)
+    return body
+
+
+def pings_forever_plan(head: Sequence[Sleep | SseEvent], every_s: float) -> StreamPlan:
+    """The head's steps, then a `ping` after every `every_s` of silence, until the client leaves."""
+    pings: itertools.cycle[Sleep | SseEvent | RawBytes] = itertools.cycle([Sleep(every_s), SseEvent({"type": "ping"})])
+    return StreamPlan(steps=itertools.chain(head, pings), ending="complete")
 
 
 def with_ping(events: list[SseEvent]) -> list[SseEvent]:

@@ -1,0 +1,77 @@
+"""What host code hands back, checked before the loop uses it.
+
+A host's callbacks (`can_use_tool`, stop and PostToolUse hooks, attachment sources, a memory
+prefetch, a tool's input model) are outside code: they may raise anything or return anything. Claude
+Code treats a failing hook as a non-blocking error, and so does the loop with all of them: the
+failure becomes an error tool_result (a permission check, an input validator) or a `hook_error`
+system event (the rest), its text joins the result's `errors`, and the query goes on. These pure
+functions turn a wrong return value into a `HostCodeError` (a `TypeError`), so the callers have one
+failure to handle, and name what failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from queryloop.runtime.loop.hooks import HookDecision
+from queryloop.runtime.loop.tools import Allow, Deny, PermissionResult
+
+
+class HostCodeError(TypeError):
+    """Host code returned a value of the wrong type (the message says what it returned and what was expected)."""
+
+
+def _kind(value: object) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def checked_hook_decision(value: object) -> HookDecision | None:
+    """A stop or PostToolUse hook's answer: a `HookDecision` or None, else `HostCodeError`."""
+    if value is None or isinstance(value, HookDecision):
+        return value
+    msg = f"returned {_kind(value)}, not a HookDecision or None"
+    raise HostCodeError(msg)
+
+
+def checked_permission(value: object) -> PermissionResult:
+    """`can_use_tool`'s answer: an `Allow` or a `Deny`, else `HostCodeError` (never taken as an allow)."""
+    if isinstance(value, Allow | Deny):
+        return value
+    msg = f"returned {_kind(value)}, not Allow or Deny"
+    raise HostCodeError(msg)
+
+
+def checked_attachments(value: object) -> list[dict[str, Any]]:
+    """An attachment source's `collect()`: a list of dicts each with a string `type`, else `HostCodeError`."""
+    if not isinstance(value, list):
+        msg = f"returned {_kind(value)}, not a list of attachments"
+        raise HostCodeError(msg)
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            msg = f"returned an attachment that is {_kind(item)}, not a dict with a string 'type'"
+            raise HostCodeError(msg)
+    return value
+
+
+def checked_memory(value: object) -> str | None:
+    """A memory prefetch's answer: a string or None, else `HostCodeError`."""
+    if value is None or isinstance(value, str):
+        return value
+    msg = f"returned {_kind(value)}, not a string or None"
+    raise HostCodeError(msg)
+
+
+def failure_text(error: BaseException) -> str:
+    """`TypeName: message` (the type alone when the message is empty), as `hook_error` events spell it."""
+    detail = str(error)
+    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+
+
+def input_error_text(error: Exception) -> str:
+    """The error result for a tool input that failed its input model: the model's own mistake
+    (pydantic's `ValidationError`) or a validator of the host's that raised something else."""
+    if isinstance(error, ValidationError):
+        return f"InputValidationError: {error}"
+    return f"InputValidationError: the input validator raised {failure_text(error)}"
