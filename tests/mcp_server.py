@@ -11,11 +11,18 @@ result), `picture` (text and an image), `pid` (this process's id), `die` (kills 
 (asks the user, by elicitation, to confirm before it answers) and, with `--grow`, `grow` (adds a tool and
 says the tools changed). Its resources: `notes://today` (text)
 and `pictures://pixel` (a PNG). Its prompt: `review` (`file`, and `focus`, "bugs" if not given).
+
+With `--hostile`, tools a careless client trips on (`add_hostile_tools`): `a.b` and `a_b` (names that
+clean up alike), two whose names are 201 characters, `flood` (`chars` characters of text, and an
+image if asked), `flood_declared` and `flood_small` (the same, declaring a size limit of their own in
+`_meta`), `yell` (an `isError` result of `chars` characters) and `hold` (asks by elicitation and keeps
+its request open even once its call is cancelled: no `notifications/cancelled` for it).
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import signal
 import socket
@@ -199,7 +206,64 @@ async def serve_http() -> None:
     await web.serve(sockets=[listener])
 
 
+def flood_text(chars: int) -> str:
+    """`chars` characters of text: the alphabet line after line (the tests compute it too)."""
+    line = "abcdefghijklmnopqrstuvwxyz\n"
+    return (line * (chars // len(line) + 1))[:chars]
+
+
+LONG_NAME = "long_" * 40
+"""The stem of the two tools whose names are 201 characters (each ends with one more letter)."""
+
+
+def add_hostile_tools() -> None:
+    def a_dot_b() -> str:
+        return "I am a.b"
+
+    def a_underscore_b() -> str:
+        return "I am a_b"
+
+    # The SDK warns (on stderr) of a name over 128 characters; serving one is the point here.
+    logging.getLogger("mcp.shared.tool_name_validation").setLevel(logging.ERROR)
+    server.add_tool(a_dot_b, name="a.b", description="Says it is a.b.")
+    server.add_tool(a_underscore_b, name="a_b", description="Says it is a_b.")
+    for last in "xy":
+
+        def long(last: str = last) -> str:
+            return f"I am the long {last}"
+
+        server.add_tool(long, name=LONG_NAME + last, description="A name of 201 characters.")
+
+    def flood(chars: int, image: bool = False) -> list[TextContent | ImageContent]:
+        """`chars` characters of text (`flood_text`), then a 1x1 PNG if `image`."""
+        blocks: list[TextContent | ImageContent] = [TextContent(text=flood_text(chars))]
+        if image:
+            blocks.append(ImageContent(data=PIXEL, mime_type="image/png"))
+        return blocks
+
+    server.add_tool(flood, name="flood")
+    server.add_tool(flood, name="flood_declared", meta={"anthropic/maxResultSizeChars": 200_000})
+    server.add_tool(flood, name="flood_small", meta={"anthropic/maxResultSizeChars": 1_000})
+
+    def yell(chars: int) -> str:
+        """Fail with an error message of `chars` characters."""
+        raise ToolError(flood_text(chars))
+
+    server.add_tool(yell)
+
+    async def hold(path: str, ctx: Context) -> str:
+        """Ask to hold `path` (by elicitation), shielded: its call's cancellation never reaches the request."""
+        with anyio.CancelScope(shield=True):
+            answer = await ctx.elicit(f"Hold {path}?", Confirmation)
+        return f"held {path}: {answer.action}"
+
+    server.add_tool(hold)
+
+
 if __name__ == "__main__":
+    if "--hostile" in sys.argv:
+        add_hostile_tools()
+        sys.argv.remove("--hostile")
     if "--grow" in sys.argv:
         server.add_tool(grow)
         sys.argv.remove("--grow")

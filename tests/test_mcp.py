@@ -37,7 +37,8 @@ from queryloop import (
     Tool,
     ToolContext,
 )
-from queryloop.runtime.mcp.content import error_text, result_output, tool_name
+from queryloop.runtime.mcp.content import error_text, result_output
+from queryloop.runtime.mcp.names import tool_name
 from tests.helpers import Ran, assert_settled, consume, log_records, text_reply, tool_use, tools_reply
 
 SERVER = Path(__file__).with_name("mcp_server.py")

@@ -34,7 +34,9 @@ FACTORY = "tests.ray_factory:options"
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    # Room for two runtimes of two shards: a shard Ray restarts never waits for the CPU of a shard of
+    # the test before, still being torn down (with exactly two, the restart could pend past LIMIT_S).
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         yield
     finally:

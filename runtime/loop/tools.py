@@ -33,6 +33,10 @@ an output of another type or one that is not JSON-serializable (a list is made
 plain JSON as pydantic's JSON mode makes it: datetimes become ISO strings).
 The loop goes on in every case.
 
+A tool's definition is checked when it is made (`Tool(...)` or `@tool`), never when first called: its
+name must be one the Messages API takes (`TOOL_NAME`), its function must take `(args, ctx)`
+positionally, and a `timeout_s` must be above zero; each is a `TypeError` or `ValueError` naming the tool.
+
 `runs_on` says which event loop an `async def` tool is written for: `"trio"` (awaited on the
 runtime's trio thread), `"asyncio"` (run as a task of the host's asyncio loop, under
 `queryloop.aio.AsyncioRuntime` only), or None (the default): on trio under `Runtime`, on the
@@ -43,8 +47,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import trio
 from loguru import logger
@@ -56,6 +62,13 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.events import AssistantMessage, Block
 
 ToolOutput = str | list[dict[str, Any]]
+
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+"""A client tool's name as the Messages API takes it, whole (`fullmatch`): `^[a-zA-Z0-9_-]{1,128}$`.
+
+The API's own refusal of a bad name says so (`tools.N.custom.name: String should match pattern
+'^[a-zA-Z0-9_-]{1,128}$'`, a 400); older documentation said {1,64}. A name outside it fails every
+request that carries the tool (a 400 for the whole query), so it is refused when the tool is made instead."""
 
 AsyncToolFunction = Callable[[Any, "ToolContext"], Awaitable[ToolOutput]]
 SyncToolFunction = Callable[[Any, "ToolContext"], ToolOutput]
@@ -157,12 +170,17 @@ class Tool(BaseModel):
     model wrote it, byte for byte (its prompt cache)."""
 
     def model_post_init(self, context: Any, /) -> None:
+        # Every way a tool is made passes here (`@tool`, `Tool(...)`, MCP's and the runtime's own), so a
+        # definition the API or the executor would refuse later is refused now, naming the tool.
+        check_tool_name(self.name)
         if self.input_model is not None and self.input_schema is not None:
             msg = f"tool {self.name!r}: give input_model or input_schema, not both"
             raise ValueError(msg)
+        _check_timeout(self.timeout_s, self.name)
         # Both made now, once (a tool is frozen): a call that is neither sync nor async is refused here,
         # and a JSON schema, ~300 µs to generate, is not made again for every query.
         _ = self.runs_in_thread, self._api_schema
+        _check_shape(self.call, self.name)  # a callable, as `runs_in_thread` made sure
 
     # Cached in the instance's __dict__, read as plain attributes: a pydantic private attribute is read
     # through `BaseModel.__getattr__`, ten times slower, and `run` reads this on every call.
@@ -236,6 +254,11 @@ class Tool(BaseModel):
         return self.input_model.__pydantic_validator__.validate_python(raw) if self.input_model else raw
 
 
+@overload
+def tool(fn: ToolFunction, /) -> Tool: ...
+
+
+@overload
 def tool(
     *,
     name: str | None = None,
@@ -245,18 +268,34 @@ def tool(
     timeout_s: float | None = None,
     runs_on: Literal["trio", "asyncio"] | None = None,
     backfill_observable_input: Callable[[dict[str, Any]], None] | None = None,
-) -> Callable[[ToolFunction], Tool]:
+) -> Callable[[ToolFunction], Tool]: ...
+
+
+def tool(
+    fn: ToolFunction | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    input_model: type[BaseModel] | None = None,
+    concurrency_safe: bool = False,
+    timeout_s: float | None = None,
+    runs_on: Literal["trio", "asyncio"] | None = None,
+    backfill_observable_input: Callable[[dict[str, Any]], None] | None = None,
+) -> Tool | Callable[[ToolFunction], Tool]:
     """Make a `Tool` of an `async def fn(args: SomeModel, ctx: ToolContext)`, or of a plain `def`
     of the same shape (run in a worker thread: see the module docstring).
 
-    The input model is `input_model`, or else read from the first parameter's hint. Anything but
-    a sync or async function (or callable object) is refused with a `TypeError` here.
-    `runs_on` names the event loop an async tool is written for (None: the host's);
-    `backfill_observable_input` is `Tool`'s.
+    Used bare (`@tool`) it makes the tool with every default; with arguments (`@tool(...)`) it returns
+    the decorator. The input model is `input_model`, or else read from the first parameter's hint.
+    Refused here, naming the tool: anything but a sync or async function (or callable object), one
+    that cannot be called as `fn(args, ctx)` (`TypeError`), a name the Messages API would refuse and
+    a `timeout_s` not above zero (`ValueError`). `runs_on` names the event loop an async tool is
+    written for (None: the host's); `backfill_observable_input` is `Tool`'s.
     """
 
     def wrap(fn: ToolFunction) -> Tool:
-        tool_name = name or _name_of(fn)
+        tool_name = name if name is not None else _name_of(fn)
         _runs_in_thread(fn, tool_name)  # refuses what is neither, before anything else reads it
         model = input_model if input_model is not None else _hinted_model(fn)
         return Tool(
@@ -270,7 +309,40 @@ def tool(
             backfill_observable_input=backfill_observable_input,
         )
 
-    return wrap
+    return wrap if fn is None else wrap(fn)
+
+
+def check_tool_name(name: str) -> None:
+    """`ValueError` unless `name` is one the Messages API takes for a client tool (`TOOL_NAME`)."""
+    if TOOL_NAME.fullmatch(name) is None:
+        shown = f"{name!r}" if len(name) <= 64 else f"{name[:64]!r}... ({len(name)} characters)"
+        msg = (
+            f"tool {shown}: a tool's name must be 1 to 128 ASCII letters, digits, '_' or '-' "
+            "(the Messages API's rule); give it another (name=...)"
+        )
+        raise ValueError(msg)
+
+
+def _check_timeout(timeout_s: float | None, name: str) -> None:
+    if timeout_s is not None and not (timeout_s > 0 and not math.isnan(timeout_s)):
+        msg = f"tool {name!r}: timeout_s must be above 0 seconds (None: no timeout), not {timeout_s!r}"
+        raise ValueError(msg)
+
+
+def _check_shape(fn: Callable[..., Any], name: str) -> None:
+    """`TypeError` unless `fn` can be called as `fn(args, ctx)`: found when the tool is made, not at its first call."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin with no signature to read: its call will tell
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as error:
+        msg = (
+            f"tool {name!r}: its function is called as fn(args, ctx), two positional arguments, "
+            f"but its signature {signature} cannot take them ({error})"
+        )
+        raise TypeError(msg) from None
 
 
 def _name_of(fn: object) -> str:

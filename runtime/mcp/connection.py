@@ -18,16 +18,18 @@ A call cancelled by an abort (its tool's cancel scope) is abandoned by the SDK, 
 connection it aborts the request's POST instead, the wire's cancellation there); the connection
 stays up for the next call. Progress notifications become the tool's `progress` events, in order,
 through a bounded buffer the call's own task drains (late or surplus notifications are dropped).
+
+What a server says is not trusted to fit: its tools' names are made unique and valid (`names`), its
+results capped (`limits`), and an elicitation handler does not outlive the call that asked (`calls`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import httpx2
@@ -44,29 +46,28 @@ from mcp_types import (
     ElicitRequestParams,
     ElicitResult,
     ErrorData,
-    Implementation,
-    PromptArgument,
 )
 from mcp_types import Tool as McpTool
 
 from queryloop.runtime.errors import McpRequestFailed, McpServerUnavailable
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
+from queryloop.runtime.mcp._support import CLIENT, describe, every_page, failure, prompt_argument
 from queryloop.runtime.mcp._watched import WatchedStream
-from queryloop.runtime.mcp.content import error_text, prompt_blocks, resource_output, result_output, tool_name
+from queryloop.runtime.mcp.calls import Call, CallsInFlight
+from queryloop.runtime.mcp.content import error_text, prompt_blocks, resource_output, result_output
 from queryloop.runtime.mcp.elicitation import ElicitationHandler, McpElicitation, McpElicitationAnswer
-from queryloop.runtime.mcp.servers import McpServer, McpStdioServer
+from queryloop.runtime.mcp.limits import LargeResults, capped_error, declared_max_chars
+from queryloop.runtime.mcp.names import tool_name, tool_names
+from queryloop.runtime.mcp.servers import McpServer, McpStdioServer, redacted_command, redacted_url
 
 TOOLS_CHANGED = "notifications/tools/list_changed"
 
 PROGRESS_BUFFER = 64
 """Progress notifications buffered for one call while its consumer is slow; more are dropped."""
 
-_CALLING: ContextVar[str] = ContextVar("queryloop_mcp_tool_use_id")
-"""The tool_use_id of the MCP call the current task makes: an elicitation answered in the call's own tasks
-(the 2026-07-28 protocol's `input_required`) is told which call asked."""
-
-LIST_PAGES = 100
-"""At most this many pages of `tools/list` (a server whose cursor never ends cannot hang `open`)."""
+_CALLING: ContextVar[Call] = ContextVar("queryloop_mcp_call")
+"""The MCP call the current task makes: an elicitation answered in the call's own tasks (the 2026-07-28
+protocol's `input_required`) is that call's."""
 
 
 @dataclass(eq=False, slots=True)
@@ -98,6 +99,8 @@ class McpConnection:
         self._listed_on: _Link | None = None
         self._listed = trio.Event()
         self._legacy_changed = trio.Event()
+        self._calls = CallsInFlight()
+        self._results = LargeResults(name, server.results_dir)
         self.log = logger.bind(mcp_server=name)
 
     async def open(self) -> list[Tool]:
@@ -119,8 +122,12 @@ class McpConnection:
         if self._link is not None:
             self._link.scope.cancel()
 
-    async def call(self, tool: str, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
-        """Call `tool` on the server; its progress becomes `context`'s; every failure a `ToolError`."""
+    async def call(
+        self, tool: str, arguments: dict[str, Any], context: ToolContext, max_chars: int | None = None
+    ) -> ToolOutput:
+        """Call `tool` on the server; its progress becomes `context`'s; every failure a `ToolError`. Its
+        result is capped (`limits`; `max_chars`: the tool's declared size); an elicitation handler
+        still waiting when the call ends is cancelled (`calls`)."""
         link = await self._usable()
         sending, received = trio.open_memory_channel[dict[str, Any]](PROGRESS_BUFFER)
 
@@ -133,19 +140,20 @@ class McpConnection:
         outcome: Any
         async with trio.open_nursery() as nursery:  # nothing but Cancelled may leave it (no exception group)
             nursery.start_soon(_forward_progress, received, context)
-            calling = _CALLING.set(context.tool_use_id)
-            try:
-                outcome = await link.client.call_tool(tool, arguments, progress_callback=on_progress)
-            except Exception as error:  # noqa: BLE001 - any failure of the call is an error result (`_failed`)
-                outcome = error
-            finally:
-                _CALLING.reset(calling)
-                sending.close()  # the forwarder sends what is buffered, then ends
+            with self._calls.call(context.tool_use_id) as call:
+                calling = _CALLING.set(call)
+                try:
+                    outcome = await link.client.call_tool(tool, arguments, progress_callback=on_progress)
+                except Exception as error:  # noqa: BLE001 - any failure of the call is an error result (`_failed`)
+                    outcome = error
+                finally:
+                    _CALLING.reset(calling)
+                    sending.close()  # the forwarder sends what is buffered, then ends
         if isinstance(outcome, Exception):
             raise self._failed(link, tool, outcome)
         if outcome.is_error:
-            raise ToolError(error_text(outcome))
-        return result_output(outcome)
+            raise ToolError(capped_error(error_text(outcome)))
+        return await self._results.capped(result_output(outcome), context.tool_use_id, max_chars)
 
     async def resources(self) -> list[dict[str, Any]]:
         """The server's resources (every page), each as the model sees it: `uri`, `name`, `server`, and
@@ -154,7 +162,7 @@ class McpConnection:
         if link.client.server_capabilities.resources is None:
             return []
         try:
-            listed = await _every_page(link.client.list_resources, "resources")
+            listed = await every_page(link.client.list_resources, "resources")
         except Exception as error:
             raise self._failed(link, "resources/list", error) from error
         found: list[dict[str, Any]] = []
@@ -167,14 +175,15 @@ class McpConnection:
             found.append(entry)
         return found
 
-    async def read(self, uri: str) -> ToolOutput:
-        """One resource's contents as tool output; a `ToolError` for what the server refuses or a failure."""
+    async def read(self, uri: str, tool_use_id: str) -> ToolOutput:
+        """One resource's contents as tool output, capped as a call's result (`limits`); a `ToolError` for
+        what the server refuses or a failure."""
         link = await self._usable()
         try:
             result = await link.client.read_resource(uri)
         except Exception as error:
             raise self._failed(link, "resources/read", error) from error
-        return resource_output(uri, list(result.contents))
+        return await self._results.capped(resource_output(uri, list(result.contents)), tool_use_id, None)
 
     async def prompts(self) -> list[dict[str, Any]]:
         """The server's prompts (every page): `name`, and `description` and `arguments` (each `name`,
@@ -184,7 +193,7 @@ class McpConnection:
         if link.client.server_capabilities.prompts is None:
             return []
         try:
-            listed = await _every_page(link.client.list_prompts, "prompts")
+            listed = await every_page(link.client.list_prompts, "prompts")
         except Exception as error:
             raise McpRequestFailed(str(self._failed(link, "prompts/list", error))) from error
         found: list[dict[str, Any]] = []
@@ -193,7 +202,7 @@ class McpConnection:
             if item.description:
                 entry["description"] = item.description
             if item.arguments:
-                entry["arguments"] = [_argument(argument) for argument in item.arguments]
+                entry["arguments"] = [prompt_argument(argument) for argument in item.arguments]
             found.append(entry)
         return found
 
@@ -219,8 +228,8 @@ class McpConnection:
 
     async def _list(self, link: _Link) -> None:
         """List the server's tools (every page) into `tools`: a new list object."""
-        listed: list[McpTool] = await _every_page(link.client.list_tools, "tools")
-        self.tools = [self._tool(item) for item in listed]
+        listed: list[McpTool] = await every_page(link.client.list_tools, "tools")
+        self.tools = self._tools_of(listed)
         self.has_resources = link.client.server_capabilities.resources is not None
         self._listed_on = link
         self._listed.set()
@@ -279,20 +288,30 @@ class McpConnection:
         await trio.lowlevel.checkpoint()
 
     async def _elicit(self, context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult | ErrorData:
-        """The SDK's elicitation callback: the server's request to the host's handler, its answer back."""
+        """The SDK's elicitation callback: the server's request to the host's handler, its answer back.
+
+        The handler is cancelled once the call that asked has ended (`calls`), and the server told
+        `cancel`: a question about a call that is over has no one to answer to."""
         handler = self.on_elicitation
         assert handler is not None, "the callback is only given with a handler"
-        asked = {"server": self.name, "message": params.message, "tool_use_id": _CALLING.get(None)}
+        callers = self._calls.who_may_ask(_CALLING.get(None))
+        calling = callers[0].tool_use_id if len(callers) == 1 else None
+        asked = {"server": self.name, "message": params.message, "tool_use_id": calling}
         if isinstance(params, ElicitRequestFormParams):
             schema = dict(params.requested_schema)
             request = McpElicitation(**asked, requested_schema=schema)
         else:
             request = McpElicitation(**asked, mode="url", url=params.url)
+        answer: McpElicitationAnswer | None = None
         try:
-            answer = McpElicitationAnswer.model_validate(await handler(request))
+            with self._calls.asking(callers):
+                answer = McpElicitationAnswer.model_validate(await handler(request))
         except Exception as error:  # noqa: BLE001 - the server gets an error answer; its call decides what follows
             self.log.warning("MCP server {}: the elicitation handler failed: {}", self.name, describe(error))
             return ErrorData(code=INTERNAL_ERROR, message=f"the client's elicitation handler failed: {describe(error)}")
+        if answer is None:  # its scope was cancelled: the call that asked has ended
+            self.log.info("MCP server {}: elicitation cancelled: the call that asked has ended", self.name)
+            return ElicitResult(action="cancel")
         self.log.info("MCP server {}: elicitation answered {}", self.name, answer.action)
         return ElicitResult(action=answer.action, content=answer.content)
 
@@ -334,7 +353,7 @@ class McpConnection:
                     Client(
                         self._transport(ended),
                         cache=None,
-                        client_info=_CLIENT,
+                        client_info=CLIENT,
                         message_handler=self._on_message,
                         elicitation_callback=None if self.on_elicitation is None else self._elicit,
                         mode=self.server.protocol,
@@ -348,12 +367,12 @@ class McpConnection:
                     await ended.wait()
                     watcher.cancel_scope.cancel()
         except BaseException as error:
-            failure = _failure(error)
-            if not started or failure is None:
+            failed = failure(error)
+            if not started or failed is None:
                 raise  # before `started`: to `_connected`'s caller, through `nursery.start`
             # Reported, not raised: the runtime's nursery must not fail for a server's sake (a pending
             # cancellation is delivered again at this task's next checkpoint).
-            self.log.warning("MCP server {} connection failed ({}); {}", self.name, describe(failure), self._again)
+            self.log.warning("MCP server {} connection failed ({}); {}", self.name, describe(failed), self._again)
             return
         finally:
             ended.set()
@@ -392,15 +411,36 @@ class McpConnection:
         self.log.warning("MCP server {} failed during {}: {}; {}", self.name, tool, describe(error), self._again)
         return ToolError(f"MCP server {self.name} failed during the call: {describe(error)}")
 
-    def _tool(self, listed: McpTool) -> Tool:
-        name = listed.name
+    def _tools_of(self, listed: list[McpTool]) -> list[Tool]:
+        """The listed tools as `Tool`s, in the server's order, each under a name of its own (`tool_names`):
+        one listed twice is kept once, one renamed (a clash, a name too long) is logged as a WARNING."""
+        unique: dict[str, McpTool] = {}
+        for item in listed:
+            if item.name in unique:
+                self.log.warning("MCP server {}: tool {!r} is listed twice; the first is kept", self.name, item.name)
+            else:
+                unique[item.name] = item
+        names = tool_names(self.name, unique)
+        for original, name in names.items():
+            if name != tool_name(self.name, original):
+                self.log.warning(
+                    "MCP server {}: tool {!r} is named {} (its name cleaned up is taken by another tool, or too long)",
+                    self.name,
+                    original,
+                    name,
+                )
+        return [self._tool(item, names[item.name]) for item in unique.values()]
+
+    def _tool(self, listed: McpTool, model_name: str) -> Tool:
+        name = listed.name  # what the server is called with: its own name, whatever the model sees
+        max_chars = declared_max_chars(listed.meta)
 
         async def call(args: dict[str, Any], context: ToolContext) -> ToolOutput:
-            return await self.call(name, args, context)
+            return await self.call(name, args, context, max_chars)
 
         hints = listed.annotations
         return Tool(
-            name=tool_name(self.name, name),
+            name=model_name,
             call=call,
             description=listed.description or "",
             input_schema=listed.input_schema,
@@ -413,8 +453,13 @@ class McpConnection:
         return "restarted on next use" if isinstance(self.server, McpStdioServer) else "reconnected on next use"
 
     def _describe_server(self) -> str:
+        """The server for an error message: its credentials hidden, as its `repr` hides them."""
         server = self.server
-        return " ".join(server.command) if isinstance(server, McpStdioServer) else server.url
+        return (
+            " ".join(redacted_command(server.command))
+            if isinstance(server, McpStdioServer)
+            else redacted_url(server.url)
+        )
 
 
 async def _forward_progress(received: trio.MemoryReceiveChannel[dict[str, Any]], context: ToolContext) -> None:
@@ -424,50 +469,3 @@ async def _forward_progress(received: trio.MemoryReceiveChannel[dict[str, Any]],
             if progress["progress"] > last:  # MCP progress only grows: an earlier one that ran late is dropped
                 last = progress["progress"]
                 await context.progress(progress)
-
-
-def _failure(error: BaseException) -> Exception | None:
-    """What failed besides cancellation (the SDK's task groups may mix the two), if anything."""
-    if isinstance(error, BaseExceptionGroup):
-        _, error = error.split(trio.Cancelled)  # type: ignore[assignment]
-    return error if isinstance(error, Exception) else None
-
-
-def describe(error: BaseException) -> str:
-    """An error in one line: an exception group by its leaves (the SDK's task groups wrap what failed)."""
-    if isinstance(error, BaseExceptionGroup):
-        return "; ".join(describe(inner) for inner in error.exceptions)
-    if isinstance(error, trio.TooSlowError):
-        return "timed out"
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _client_info() -> Implementation:
-    try:
-        return Implementation(name="queryloop", version=version("queryloop"))
-    except PackageNotFoundError:
-        return Implementation(name="queryloop", version="0+unknown")
-
-
-_CLIENT = _client_info()
-
-
-def _argument(argument: PromptArgument) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": argument.name, "required": bool(argument.required)}
-    if argument.description:
-        entry["description"] = argument.description
-    return entry
-
-
-async def _every_page(list_page: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
-    """The items (`field` of each page) of a paginated list request, page after page up to `LIST_PAGES`."""
-    items: list[Any] = []
-    cursor: str | None = None
-    for _ in range(LIST_PAGES):
-        page = await list_page(cursor=cursor)
-        items += getattr(page, field)
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return items

@@ -8,6 +8,10 @@ each request as an `McpElicitation` and returns an `McpElicitationAnswer` (accep
 content, decline or cancel), as Claude Code's Elicitation hook does. Without a handler the runtime
 refuses every elicitation, and the server answers the call as it sees fit.
 
+A handler never outlives the call that asked: when that call ends (answered, aborted, timed out) a
+handler still waiting is cancelled and the server told `cancel`, whether or not the server itself
+cancels its request (`queryloop.runtime.mcp.calls`).
+
 Plain data, importable without the `mcp` SDK.
 """
 
@@ -34,8 +38,10 @@ class McpElicitation(BaseModel):
     """A form's JSON schema: an object of flat properties (strings, numbers, booleans, enums)."""
     url: str | None = None
     tool_use_id: str | None = None
-    """The call that asked, where the protocol says (2026-07-28 on); None before it: a request of the
-    server's own then names no call."""
+    """The tool_use_id of the call that asked. On the 2026-07-28 protocol always (the question is that
+    call's own answer); before it, the server's request names no call, so it is the one call of this
+    server in flight when the request came, and None when there were several (or none). The handler is
+    cancelled once the call that asked has ended (of several, once all of them have)."""
 
 
 class McpElicitationAnswer(BaseModel):

@@ -54,7 +54,7 @@ def resource_tools(servers: tuple[str, ...], connection: Callable[[str], McpConn
         return json.dumps(found)
 
     async def read_resource(args: ReadResource, context: ToolContext) -> ToolOutput:
-        return await named(args.server).read(args.uri)
+        return await named(args.server).read(args.uri, context.tool_use_id)
 
     return [
         Tool(
