@@ -139,10 +139,11 @@ class Strict(BaseModel):
         return value
 
 
-async def test_an_input_validator_that_raises_type_error_is_an_error_result_not_a_crash() -> None:
-    async def act(args: Strict, _: ToolContext) -> str:
-        return str(args.n)
+async def act(args: Strict, _: ToolContext) -> str:
+    return str(args.n)
 
+
+async def test_an_input_validator_that_raises_type_error_is_an_error_result_not_a_crash() -> None:
     async with Runtime.open() as runtime:
         ran = await run_query(
             runtime,
@@ -158,9 +159,6 @@ async def test_an_input_validator_that_raises_type_error_is_an_error_result_not_
 
 
 async def test_a_model_input_that_fails_validation_is_the_models_mistake_not_a_host_error() -> None:
-    async def act(args: Strict, _: ToolContext) -> str:
-        return str(args.n)
-
     async with Runtime.open() as runtime:
         ran = await run_query(
             runtime,
