@@ -45,7 +45,13 @@ from queryloop.runtime.loop.context import (
     token_warning_state,
 )
 from queryloop.runtime.loop.events import TranscriptMessage, UserMessage
-from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest, retry_delay_s
+from queryloop.runtime.loop.model import (
+    DEFAULT_STREAM_IDLE_TIMEOUT_S,
+    ModelError,
+    ModelProvider,
+    ModelRequest,
+    retry_delay_s,
+)
 from queryloop.runtime.loop.pricing import context_window_for
 from queryloop.runtime.loop.spill import UnsafeSpillPath, safe_file_stem, spill_file_name, spill_path, write_spilled
 from queryloop.runtime.loop.stream import complete_text
@@ -83,6 +89,8 @@ class ContextConfig(Message):
     max_retries: int = 2
     """A compaction request that fails as a model call may (overloaded, rate-limited, 5xx, cut) is sent again,
     after a backoff, up to this many times: the query's own `max_retries`."""
+    stream_idle_timeout_s: float | None = DEFAULT_STREAM_IDLE_TIMEOUT_S
+    """The query's stream watchdog, which bounds a compaction request's stream as it does the loop's own."""
 
 
 _context_key = operator.attrgetter(
@@ -103,6 +111,7 @@ _context_key = operator.attrgetter(
     "snip_max_rounds",
     "compact_instructions",
     "max_retries",
+    "stream_idle_timeout_s",
 )
 """The options a query's `ContextConfig` is made of, read in one C call (a tuple: the key of its cache)."""
 
@@ -141,6 +150,7 @@ def context_config(options: QueryOptions) -> ContextConfig:
             snip_max_rounds=options.snip_max_rounds,
             compact_instructions=options.compact_instructions,
             max_retries=options.max_retries,
+            stream_idle_timeout_s=options.stream_idle_timeout_s,
         )
     return config
 
@@ -297,6 +307,7 @@ class Compactor(TrioActor):
             ),
             max_tokens=config.limits.summary_output_reserve,
             purpose="compact",
+            stream_idle_timeout_s=config.stream_idle_timeout_s,
         )
         try:
             summary = await self._summarize(request, config.max_retries)

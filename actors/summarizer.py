@@ -16,7 +16,7 @@ from queryloop.actors.budget_guard import RecordUsage
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.messages import Message, record
 from queryloop.runtime.loop.events import Block
-from queryloop.runtime.loop.model import ModelProvider, ModelRequest
+from queryloop.runtime.loop.model import DEFAULT_STREAM_IDLE_TIMEOUT_S, ModelProvider, ModelRequest
 from queryloop.runtime.loop.stream import complete_text
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ class Summarize(Message):
     model: str
     tool_uses: list[Block]
     results: list[Block]
+    stream_idle_timeout_s: float | None = DEFAULT_STREAM_IDLE_TIMEOUT_S
+    """The query's stream watchdog, which bounds the summary's stream as it does the loop's own."""
 
 
 class HaikuSummarizer(TrioActor):
@@ -66,6 +68,7 @@ class HaikuSummarizer(TrioActor):
             messages=[{"role": "user", "content": [{"type": "text", "text": json.dumps(calls)}]}],
             max_tokens=64,
             purpose="summary",
+            stream_idle_timeout_s=message.stream_idle_timeout_s,
         )
         try:
             summary, usage = await complete_text(self.provider, request)

@@ -819,6 +819,7 @@ def test_context_config_is_one_object_per_setting_and_follows_every_option_it_re
         "snip_max_rounds": 3,
         "compact_instructions": "Keep the file names.",
         "max_retries": 0,
+        "stream_idle_timeout_s": 17.0,
     }
     on_limits = {  # option → the `ContextLimits` field it sets
         "context_window": ("context_window", 50_000),

@@ -30,7 +30,7 @@ from queryloop.runtime.providers.anthropic_model import AnthropicModel
 from queryloop.runtime.providers.local_api import LocalMessagesAPI
 from queryloop.runtime.providers.scripted import ScriptedModel
 from queryloop.runtime.providers.watchdog import NO_RESPONSE, PARTIAL_RESPONSE
-from tests.helpers import text_reply
+from tests.helpers import scripted_tool, text_reply, tool_use, tools_reply
 
 TIMEOUT_S = 30.0
 
@@ -297,6 +297,28 @@ async def test_the_option_reaches_every_main_request() -> None:
         [_ async for _ in session.query("second", stream_idle_timeout_s=None)]
 
     assert [r.stream_idle_timeout_s for r in provider.requests] == [42.0, None]
+
+
+async def test_the_option_reaches_the_summary_and_compaction_requests_too() -> None:
+    # The runtime's own calls stream from the same kind of endpoint: a stalled one is bounded alike.
+    main = ScriptedModel([tools_reply(tool_use("t1", "read")), {"error": "prompt_too_long"}, text_reply("after")])
+    summaries = ScriptedModel([text_reply("Read a file")])
+    compaction = ScriptedModel([text_reply("<summary>")])
+    options = QueryOptions(
+        provider=main,
+        tools=[scripted_tool("read")],
+        summary_provider=summaries,
+        compact_provider=compaction,
+        tool_use_summaries=True,
+        context_collapse=False,
+        stream_idle_timeout_s=17.0,
+    )
+    async with Runtime.open() as rt:
+        session = await rt.open_session(options)
+        [_ async for _ in session.query("first")]
+    assert [r.stream_idle_timeout_s for r in compaction.requests] == [17.0]
+    assert [r.stream_idle_timeout_s for r in summaries.requests] == [17.0]
+    assert [r.stream_idle_timeout_s for r in main.requests] == [17.0, 17.0, 17.0]
 
 
 # ---------------------------------------------------------------- over a real socket

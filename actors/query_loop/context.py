@@ -195,7 +195,13 @@ class QueryLoopContext(QueryLoopEnding):
             if b.get("type") == "tool_result"
         ]
         future = self.summarizer.ask(
-            Summarize(model=run.options.small_model, tool_uses=uses, results=results), block=False
+            Summarize(
+                model=run.options.small_model,
+                tool_uses=uses,
+                results=results,
+                stream_idle_timeout_s=run.options.stream_idle_timeout_s,
+            ),
+            block=False,
         )
         return PendingSummary(future=future, tool_use_ids=list(turn.tool_ids))
 

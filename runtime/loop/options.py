@@ -70,7 +70,8 @@ class QueryOptions(BaseModel):
     """Claude Code's stream watchdog: a model call whose response takes longer than this to start, or then goes
     this long without an event (`ping`s do not count), fails as a connection error, retried as one (within
     `max_retries`, while nothing of it has been shown). None: no limit (the SDK's own timeout, ten minutes per
-    read, still applies). Honoured by `AnthropicModel`."""
+    read, still applies). It bounds the runtime's own summary and compaction calls too. Honoured by
+    `AnthropicModel`."""
     max_pause_turn_continuations: int = Field(default=5, ge=0)
     """`pause_turn` responses sent back per turn before the query ends with an error. Each continuation
     re-sends the whole context (billed again), and the server already runs up to ten server-tool
