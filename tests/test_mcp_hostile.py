@@ -27,7 +27,7 @@ from loguru import logger
 
 from queryloop import McpElicitation, McpElicitationAnswer, McpStdioServer, QueryOptions, Runtime, ScriptedModel, Tool
 from queryloop.runtime.mcp.calls import Call, CallsInFlight
-from queryloop.runtime.mcp.limits import MAX_ERROR_CHARS
+from queryloop.runtime.mcp.limits import MAX_ERROR_CHARS, MAX_IMAGE_BYTES, LargeResults, without_oversized_images
 from queryloop.runtime.mcp.names import MAX_NAME, tool_names
 from queryloop.runtime.mcp.servers import Protocol
 from tests.helpers import Ran, assert_settled, consume, text_reply, tool_use, tools_reply
@@ -277,3 +277,40 @@ async def test_a_question_no_call_names_is_cancelled_once_every_call_that_may_ha
         await trio.testing.wait_all_tasks_blocked()
         assert outcomes == [True]
     assert calls.who_may_ask(None) == []
+
+
+def _image(size_bytes: int) -> dict[str, Any]:
+    data = "A" * (size_bytes * 4 // 3)
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+
+async def test_an_image_over_the_apis_5_mb_is_left_out_with_a_note_and_the_rest_kept(tmp_path: Path) -> None:
+    small, huge = _image(1024), _image(MAX_IMAGE_BYTES + 3_000)
+    output = [{"type": "text", "text": "two screenshots"}, huge, small]
+    capped = await LargeResults("shots", tmp_path).capped(output, "toolu_1", None)
+    assert isinstance(capped, list) and [b["type"] for b in capped] == ["text", "text", "image"]
+    assert capped[0] == output[0] and capped[2] is small
+    assert capped[1]["text"].startswith("[IMAGE LEFT OUT: the tool returned an image of 5.0 MB")
+    assert without_oversized_images([small, {"type": "text", "text": "x"}]) == [small, {"type": "text", "text": "x"}]
+    assert without_oversized_images("plain text") == "plain text"
+
+
+async def test_a_rename_is_warned_once_however_often_the_tools_are_listed_again() -> None:
+    from mcp_types import Tool as McpTool
+
+    from queryloop.runtime.mcp.connection import McpConnection
+
+    listed = [McpTool(name=n, inputSchema={"type": "object"}) for n in ("a.b", "a_b")]
+    warnings: list[Any] = []
+    sink = logger.add(lambda m: warnings.append(m.record), level="WARNING", filter="queryloop")
+    logger.enable("queryloop")
+    try:
+        async with trio.open_nursery() as nursery:
+            connection = McpConnection("clash", McpStdioServer(command=["true"]), nursery)
+            first = [t.name for t in connection._tools_of(listed)]
+            again = [t.name for t in connection._tools_of(listed)]  # a list_changed, a restart
+    finally:
+        logger.remove(sink)
+        logger.disable("queryloop")
+    assert first == again and len(set(first)) == 2
+    assert len([r for r in warnings if "'a.b'" in r["message"]]) == 1

@@ -100,6 +100,8 @@ class McpConnection:
         self._listed = trio.Event()
         self._legacy_changed = trio.Event()
         self._calls = CallsInFlight()
+        self._renames_said: set[tuple[str, str]] = set()
+        """The renames already logged: a list fetched again (a change, a restart) does not repeat them."""
         self._results = LargeResults(name, server.results_dir)
         self.log = logger.bind(mcp_server=name)
 
@@ -422,7 +424,8 @@ class McpConnection:
                 unique[item.name] = item
         names = tool_names(self.name, unique)
         for original, name in names.items():
-            if name != tool_name(self.name, original):
+            if name != tool_name(self.name, original) and (original, name) not in self._renames_said:
+                self._renames_said.add((original, name))
                 self.log.warning(
                     "MCP server {}: tool {!r} is named {} (its name cleaned up is taken by another tool, or too long)",
                     self.name,

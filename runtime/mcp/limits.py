@@ -14,6 +14,9 @@ events, the transcript and the model whole. Two limits apply to every successful
   tool that declared its size has its text spared this (its declaration is the point), not its
   images. A result whose file could not be written is cut here too: never inline whole.
 
+Before both, an image larger than the Messages API takes (`MAX_IMAGE_BYTES`, 5 MB) is left out with a
+note: sent, it would make the API refuse the whole request, not just the image.
+
 An `isError` result's text is cut at `MAX_ERROR_CHARS`. Only the mapping of `content` to blocks is
 the SDK's; everything here is plain functions and one folder.
 """
@@ -49,6 +52,35 @@ PREVIEW_CHARS = 2_000
 """The preview of a saved result the model gets (the session budget's `tool_result_preview_chars`)."""
 MAX_ERROR_CHARS = 10_000
 """An `isError` result's text is cut here: an error needs no more to be understood."""
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+"""The largest image the Messages API takes in a request (5 MB); a larger one fails the request."""
+
+
+def _image_bytes(block: dict[str, Any]) -> int:
+    """The decoded size of a base64 image block (0 for anything else): 3 bytes per 4 characters."""
+    source = block.get("source")
+    if block.get("type") != "image" or not isinstance(source, dict) or source.get("type") != "base64":
+        return 0
+    data = source.get("data")
+    return len(data) * 3 // 4 if isinstance(data, str) else 0
+
+
+def without_oversized_images(output: ToolOutput) -> ToolOutput:
+    """`output` with each image over `MAX_IMAGE_BYTES` replaced by a text block saying it was left out
+    (`output` itself when there is none)."""
+    if isinstance(output, str) or not any(_image_bytes(block) > MAX_IMAGE_BYTES for block in output):
+        return output
+    return [
+        {"type": "text", "text": _image_note(size)} if (size := _image_bytes(block)) > MAX_IMAGE_BYTES else block
+        for block in output
+    ]
+
+
+def _image_note(size: int) -> str:
+    return (
+        f"[IMAGE LEFT OUT: the tool returned an image of {size / 1024 / 1024:.1f} MB, over the "
+        f"{MAX_IMAGE_BYTES // 1024 // 1024} MB the Messages API takes for one image.]"
+    )
 
 
 def max_output_tokens(environ: Mapping[str, str] = os.environ) -> int:
@@ -163,6 +195,7 @@ class LargeResults:
 
     async def capped(self, output: ToolOutput, tool_use_id: str, declared: int | None) -> ToolOutput:
         """`output` within both limits (module docstring): saved and previewed, cut, or as it came."""
+        output = without_oversized_images(output)
         text = text_of(output)
         if text is not None and len(text) > (DEFAULT_MAX_RESULT_CHARS if declared is None else declared):
             try:
