@@ -52,7 +52,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.max_tokens import max_tokens_fix, withheld_cut_off
 from queryloop.runtime.loop.model import MAX_TOKENS_KINDS, FallbackTriggered, ModelError, ModelProvider, ModelRequest
-from queryloop.runtime.loop.stream import CompletedBlock, ResponseAssembler, usage_from
+from queryloop.runtime.loop.stream import MALFORMED, CompletedBlock, ResponseAssembler, usage_from
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -423,7 +423,7 @@ class ModelCaller(TrioActor):
                     await self._emit(call, item)  # a full buffer (a slow consumer), or the consumer gone
                 try:
                     completed = assembler.feed(raw)
-                except (KeyError, TypeError, ValueError, AttributeError) as error:
+                except MALFORMED as error:
                     msg = f"malformed stream event {raw['type']!r}: {type(error).__name__}: {error} in {raw!r:.200}"
                     raise ModelError("api_error", msg) from error
                 if completed is not None:

@@ -40,8 +40,8 @@ from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
 from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
-from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput, hook_error_message
-from queryloop.runtime.loop.host_code import checked_hook_decision, checked_permission, failure_text, input_error_text
+from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput, failure_text, hook_error_message
+from queryloop.runtime.loop.host_code import checked_hook_decision, checked_permission, input_error_text
 from queryloop.runtime.loop.tools import CanUseTool, Deny, Tool, ToolContext, ToolError, ToolOutput
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 

@@ -153,6 +153,12 @@ def stop_hook_block_cap_message(cap: int, errors: list[str]) -> SystemMessage:
     return SystemMessage(subtype=STOP_HOOK_BLOCK_CAP, content=text, data={"cap": cap, "blocking_errors": errors})
 
 
+def failure_text(error: BaseException) -> str:
+    """`TypeName: message` (the type alone when the message is empty), as `hook_error` events spell it."""
+    detail = str(error)
+    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+
+
 HookEvent = Literal["Stop", "SubagentStop", "PostToolUse", "AttachmentSource", "MemoryPrefetch"]
 """Which host code failed: a hook, or one of the options' other callbacks that a failure treats as one."""
 
@@ -175,8 +181,7 @@ def hook_error_message(
     and `tool_use_id`.
     """
     hook_name = getattr(hook, "__qualname__", None) or type(hook).__qualname__
-    detail = str(error)
-    text = f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+    text = failure_text(error)
     data: dict[str, Any] = {"hook_event": event, "hook_name": hook_name, "error": text}
     where = ""
     if event == "PostToolUse":

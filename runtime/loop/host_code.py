@@ -11,11 +11,11 @@ failure to handle, and name what failed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
-from queryloop.runtime.loop.hooks import HookDecision
+from queryloop.runtime.loop.hooks import HookDecision, failure_text
 from queryloop.runtime.loop.tools import Allow, Deny, PermissionResult
 
 
@@ -27,20 +27,22 @@ def _kind(value: object) -> str:
     return "None" if value is None else type(value).__name__
 
 
+def _returned(value: object, kinds: tuple[type, ...], expected: str) -> Any:
+    """`value` if it is one of `kinds`, else `HostCodeError` saying what it is and what was `expected`."""
+    if isinstance(value, kinds):
+        return value
+    msg = f"returned {_kind(value)}, not {expected}"
+    raise HostCodeError(msg)
+
+
 def checked_hook_decision(value: object) -> HookDecision | None:
     """A stop or PostToolUse hook's answer: a `HookDecision` or None, else `HostCodeError`."""
-    if value is None or isinstance(value, HookDecision):
-        return value
-    msg = f"returned {_kind(value)}, not a HookDecision or None"
-    raise HostCodeError(msg)
+    return cast("HookDecision | None", _returned(value, (HookDecision, type(None)), "a HookDecision or None"))
 
 
 def checked_permission(value: object) -> PermissionResult:
     """`can_use_tool`'s answer: an `Allow` or a `Deny`, else `HostCodeError` (never taken as an allow)."""
-    if isinstance(value, Allow | Deny):
-        return value
-    msg = f"returned {_kind(value)}, not Allow or Deny"
-    raise HostCodeError(msg)
+    return cast("PermissionResult", _returned(value, (Allow, Deny), "Allow or Deny"))
 
 
 def checked_attachments(value: object) -> list[dict[str, Any]]:
@@ -57,16 +59,7 @@ def checked_attachments(value: object) -> list[dict[str, Any]]:
 
 def checked_memory(value: object) -> str | None:
     """A memory prefetch's answer: a string or None, else `HostCodeError`."""
-    if value is None or isinstance(value, str):
-        return value
-    msg = f"returned {_kind(value)}, not a string or None"
-    raise HostCodeError(msg)
-
-
-def failure_text(error: BaseException) -> str:
-    """`TypeName: message` (the type alone when the message is empty), as `hook_error` events spell it."""
-    detail = str(error)
-    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+    return cast("str | None", _returned(value, (str, type(None)), "a string or None"))
 
 
 def input_error_text(error: Exception) -> str:

@@ -17,7 +17,13 @@ from queryloop.runtime.loop.agents import (
 )
 from queryloop.runtime.loop.events import TranscriptMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, StopFailureHook, StopHook
-from queryloop.runtime.loop.model import Effort, ModelProvider, check_provider, runs_on_asyncio
+from queryloop.runtime.loop.model import (
+    DEFAULT_STREAM_IDLE_TIMEOUT_S,
+    Effort,
+    ModelProvider,
+    check_provider,
+    runs_on_asyncio,
+)
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
 from queryloop.runtime.loop.structured_output import DEFAULT_MAX_RETRIES, STRUCTURED_OUTPUT_TOOL
 from queryloop.runtime.loop.tools import CanUseTool, Tool
@@ -66,7 +72,7 @@ class QueryOptions(BaseModel):
     max_output_tokens: int = Field(default=8000, ge=1)
     escalated_max_output_tokens: int = Field(default=64000, ge=1)
     max_retries: int = Field(default=2, ge=0)
-    stream_idle_timeout_s: float | None = Field(default=300.0, gt=0)
+    stream_idle_timeout_s: float | None = Field(default=DEFAULT_STREAM_IDLE_TIMEOUT_S, gt=0)
     """Claude Code's stream watchdog: a model call whose response takes longer than this to start, or then goes
     this long without an event (`ping`s do not count), fails as a connection error, retried as one (within
     `max_retries`, while nothing of it has been shown). None: no limit (the SDK's own timeout, ten minutes per

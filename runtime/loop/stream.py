@@ -29,9 +29,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from queryloop.runtime._frozen import EMPTY_LIST, EMPTY_SET, empty_list, empty_set
 from queryloop.runtime.loop.events import Block, Usage, usage_of
 from queryloop.runtime.loop.json_text import loads
 from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest, reported_usage
+
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
+"""What `ResponseAssembler.feed` raises for an event it cannot read: a malformed stream, for its callers."""
 
 STREAMED_FIELD: dict[str, str] = {"text_delta": "text", "thinking_delta": "thinking", "compaction_delta": "content"}
 """The deltas that extend a block's string, and which field they extend (a compaction's summary, the server's,
@@ -56,9 +60,10 @@ class ResponseAssembler:
     stopped: bool = False
     started: bool = False
     """A `message_start` came: any event but a `ping` before it makes the stream malformed."""
-    duplicate_tool_use_ids: list[str] = field(default_factory=list)
-    """The ids of `tool_use` blocks dropped for repeating an id of an earlier block of the response."""
-    _tool_use_ids: set[str] = field(default_factory=set)
+    duplicate_tool_use_ids: list[str] = field(default_factory=empty_list)
+    """The ids of `tool_use` blocks dropped for repeating an id of an earlier block of the response (the
+    shared empty list until the first: most responses have none)."""
+    _tool_use_ids: set[Any] = field(default_factory=empty_set)
     _input_tokens: int = 0
     _output_tokens: int = 0
     _cache_creation_input_tokens: int = 0
@@ -188,13 +193,9 @@ class ResponseAssembler:
         if block is None:
             return None
         self._join(index, block)
-        if block.get("type") == "tool_use":
-            tool_use_id = block.get("id")
-            if tool_use_id in self._tool_use_ids:  # run once, answered once: the API refuses a repeated id
-                self._json.pop(index, None)
-                self.duplicate_tool_use_ids.append(str(tool_use_id))
-                return None
-            self._tool_use_ids.add(tool_use_id)  # type: ignore[arg-type]
+        if block.get("type") == "tool_use" and not self._first_use(block):
+            self._json.pop(index, None)
+            return None
         fragments = self._json.pop(index, None)
         if fragments is None:
             return CompletedBlock(index, block)
@@ -213,6 +214,20 @@ class ResponseAssembler:
         block["input"] = parsed
         return CompletedBlock(index, block)
 
+    def _first_use(self, block: Block) -> bool:
+        """Whether a `tool_use` block is the first of the response with its id: a repeat is run once and answered
+        once (the API refuses a repeated id), so it is dropped and noted in `duplicate_tool_use_ids`."""
+        tool_use_id = block.get("id")
+        if tool_use_id in self._tool_use_ids:
+            if self.duplicate_tool_use_ids is EMPTY_LIST:
+                self.duplicate_tool_use_ids = []
+            self.duplicate_tool_use_ids.append(str(tool_use_id))
+            return False
+        if self._tool_use_ids is EMPTY_SET:
+            self._tool_use_ids = set()
+        self._tool_use_ids.add(tool_use_id)
+        return True
+
     def close_truncated(self) -> list[CompletedBlock]:
         """Blocks left open at the end of the stream: cut off, never to be run."""
         cut = []
@@ -221,10 +236,8 @@ class ResponseAssembler:
             if block.get("type") == "tool_use":
                 block["input"] = {}
                 self._json.pop(index, None)
-                if block.get("id") in self._tool_use_ids:  # its id was completed by another block: answered there
-                    self.duplicate_tool_use_ids.append(str(block.get("id")))
+                if not self._first_use(block):  # its id was completed by another block: answered there
                     continue
-                self._tool_use_ids.add(block.get("id"))  # type: ignore[arg-type]
                 reason = f"the tool input was cut off by {self.stop_reason or 'the end of the stream'}"
                 cut.append(CompletedBlock(index, block, f"InputValidationError: {reason}; the tool did not run"))
         return cut
@@ -256,7 +269,7 @@ async def complete_text(provider: ModelProvider, request: ModelRequest) -> tuple
         async for raw in stream:
             try:
                 completed = assembler.feed(raw)
-            except (KeyError, TypeError, ValueError, AttributeError) as error:
+            except MALFORMED as error:
                 msg = f"malformed {request.purpose} stream event: {type(error).__name__}: {error} in {raw!r:.200}"
                 raise ModelError("api_error", msg) from error
             if completed is not None and completed.block.get("type") == "text":

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
@@ -324,7 +323,7 @@ def check_tool_name(name: str) -> None:
 
 
 def _check_timeout(timeout_s: float | None, name: str) -> None:
-    if timeout_s is not None and not (timeout_s > 0 and not math.isnan(timeout_s)):
+    if timeout_s is not None and not timeout_s > 0:  # NaN is not above 0 either
         msg = f"tool {name!r}: timeout_s must be above 0 seconds (None: no timeout), not {timeout_s!r}"
         raise ValueError(msg)
 

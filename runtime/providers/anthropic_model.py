@@ -203,12 +203,16 @@ class AnthropicModel:
                     for piece in (chunk,) if decoder is None else decoder.decode(chunk):
                         for name, data in reader.feed(piece):
                             event = _decode_event(name, data, response, at_eof=False)
-                            if event is not None:
-                                watchdog.heard(event)
-                                saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
-                                watchdog.pause()  # the consumer's time with the event is not the server's
+                            if event is None:
+                                continue
+                            saw_message_stop = saw_message_stop or event["type"] == "message_stop"
+                            if event["type"] == "ping":  # restarts nothing; the consumer's time is not counted
+                                watchdog.pause()
                                 yield event
                                 watchdog.resume()
+                            else:
+                                yield event
+                                watchdog.heard()
             except httpx2.RequestError as exc:
                 # The SDK wraps transport errors only while sending; reading the body raises them raw.
                 raise ModelError("connection", f"stream broke: {exc!r}") from exc

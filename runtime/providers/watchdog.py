@@ -11,8 +11,9 @@ What it guarantees, with `timeout_s` set (None turns the watchdog off):
 - **Idle.** Once they have come, at most `timeout_s` passes without an event other than `ping`: each
   other event (an unknown type too) restarts the count, a `ping` does not, nor do bytes that complete no
   event (comments, blank lines, an event trickled byte by byte).
-- The time the consumer holds an event (`pause`/`resume` around each `yield`: a slow consumer's
-  backpressure) is not counted: only the server's silence is.
+- The time the consumer holds an event (a slow consumer's backpressure) is not counted: only the
+  server's silence is. An event other than `ping` restarts the count when the consumer hands back
+  (`heard`, one clock read an event); a `ping`'s time with the consumer is added back (`pause`/`resume`).
 - When it fires, the call fails with a `connection` `ModelError`, the kind retried with backoff while
   nothing of the request has been shown: "Stream idle timeout - partial response received" once an event
   other than `ping` has come, "Stream idle timeout - no response received" otherwise (Claude Code's
@@ -51,14 +52,14 @@ class IdleWatchdog:
         """The count starts now (the request is sent, or its headers have come)."""
         self.deadline = trio.current_time() + self.timeout_s
 
-    def heard(self, event: dict[str, object]) -> None:
-        """An event came: any but a `ping` restarts the count."""
-        if event.get("type") != "ping":
-            self.received = True
-            self.deadline = trio.current_time() + self.timeout_s
+    def heard(self) -> None:
+        """An event other than a `ping` came and the consumer, which held it, hands back now: the count restarts
+        from now (the same deadline as from its arrival plus the consumer's time, for one clock read)."""
+        self.received = True
+        self.deadline = trio.current_time() + self.timeout_s
 
     def pause(self) -> None:
-        """The consumer holds an event from now (the time until `resume` is not the server's)."""
+        """The consumer holds a `ping` from now (the time until `resume` is not the server's)."""
         self.paused_at = trio.current_time()
 
     def resume(self) -> None:
