@@ -63,8 +63,8 @@ from queryloop.runtime.loop.hooks import (
 )
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.persistence import LoadedTranscript, Sidechain, load_transcript
 from queryloop.runtime.loop.pricing import Pricing
+from queryloop.runtime.loop.restore import LoadedTranscript, Sidechain, load_transcript
 from queryloop.runtime.loop.state import ContinueReason, Terminal, TerminalReason
 from queryloop.runtime.loop.tools import Allow, CanUseTool, Deny, PermissionResult, Tool, ToolContext, ToolError, tool
 from queryloop.runtime.loop.transcript import transcript_problems

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from queryloop import AssistantMessage, PostToolUseInput, QueryOptions, Runtime, ScriptedModel, ToolContext, tool
 from queryloop.runtime.loop.hooks import HookDecision
-from queryloop.runtime.loop.persistence import load_transcript
+from queryloop.runtime.loop.restore import load_transcript
 from tests.helpers import log_records, text_reply, tool_use, tools_reply
 
 

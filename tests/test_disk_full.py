@@ -21,7 +21,8 @@ from queryloop.actors.query_loop.run import TRANSCRIPT_TYPES
 from queryloop.runtime.errors import ActorCrashed
 from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, UserMessage
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.persistence import TranscriptLog, load_transcript
+from queryloop.runtime.loop.persistence import TranscriptLog
+from queryloop.runtime.loop.restore import load_transcript
 from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import logged_uuids, scripted_tool, text_reply, tool_use, tools_reply
 

@@ -31,7 +31,8 @@ from queryloop.runtime.loop import persistence
 from queryloop.runtime.loop.events import AssistantMessage, ResultMessage, TombstoneEvent, UserMessage
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.persistence import TranscriptLog, load_transcript
+from queryloop.runtime.loop.persistence import TranscriptLog
+from queryloop.runtime.loop.restore import load_transcript
 from queryloop.runtime.loop.transcript import normalize_messages_for_api, transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import assert_settled, consume, logged_uuids, scripted_tool, text_reply, tool_use, tools_reply

@@ -22,7 +22,8 @@ from queryloop.runtime.host.session import Session
 from queryloop.runtime.loop.events import AssistantMessage, StreamEvent, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.persistence import INTERRUPTED_BY_CRASH, TranscriptLog, load_transcript
+from queryloop.runtime.loop.persistence import TranscriptLog
+from queryloop.runtime.loop.restore import INTERRUPTED_BY_CRASH, load_transcript
 from queryloop.runtime.loop.transcript import normalize_messages_for_api, transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import (

@@ -33,8 +33,8 @@ from queryloop.runtime.loop.events import (
 from queryloop.runtime.loop.hooks import HookDecision, PostToolUseInput, StopHookInput
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.persistence import load_transcript
 from queryloop.runtime.loop.pricing import Pricing
+from queryloop.runtime.loop.restore import load_transcript
 from queryloop.runtime.loop.state import MAX_OUTPUT_TOKENS_RECOVERY_TEXT
 from queryloop.runtime.loop.tools import Allow, Deny, Tool, ToolOutput
 from queryloop.runtime.loop.transcript import (

@@ -79,7 +79,8 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.hooks import StopFailureError
     from queryloop.runtime.loop.model import ModelProvider
     from queryloop.runtime.loop.options import QueryOptions
-    from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
+    from queryloop.runtime.loop.persistence import TranscriptLog
+    from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.tools import Tool
 
 

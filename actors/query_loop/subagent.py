@@ -52,7 +52,8 @@ from queryloop.runtime.loop.agents import (
     agent_tool_description,
 )
 from queryloop.runtime.loop.events import AgentUsage, ResultMessage, Usage, UserMessage, stream_event
-from queryloop.runtime.loop.persistence import Sidechain, SidechainLog
+from queryloop.runtime.loop.persistence import SidechainLog
+from queryloop.runtime.loop.restore import Sidechain
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:

@@ -59,7 +59,8 @@ if TYPE_CHECKING:
 
     from queryloop.actors.model_caller import ModelCaller
     from queryloop.actors.tool_executor import StreamingToolExecutor
-    from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
+    from queryloop.runtime.loop.persistence import TranscriptLog
+    from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.tools import Tool
 
 TURN_BUFFER = 256

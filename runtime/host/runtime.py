@@ -22,7 +22,7 @@ from queryloop.runtime.host.session import Session, refuse_asyncio_provider
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.persistence import LoadedTranscript, load_transcript, open_log
+from queryloop.runtime.loop.restore import LoadedTranscript, load_transcript, open_log
 from queryloop.runtime.loop.tools import Tool
 from queryloop.runtime.mcp.elicitation import ElicitationHandler
 from queryloop.runtime.mcp.resources import resource_tools

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from queryloop.runtime.errors import ActorCrashed
     from queryloop.runtime.kernel.messages import AbortAck, AbortReason
     from queryloop.runtime.kernel.supervisor import Supervisor
-    from queryloop.runtime.loop.persistence import Sidechain, TranscriptLog
+    from queryloop.runtime.loop.persistence import TranscriptLog
+    from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.state import ContinueReason, Terminal
 
 
