@@ -16,6 +16,12 @@ costs the compaction, never the loop: `Compacted` is then None.
 
 The QueryLoop spawns it the first time one of these is needed: a session whose context never
 needs the pipeline never has a Compactor.
+
+Its spill folder is the loop's `session_dir` (the host's, or a durable session's beside its
+transcript: never removed here) or, when there is none, a temporary folder it makes at the first
+spill and removes when it stops (the session's close, the runtime's, a crash of the session): full
+tool outputs must not outlive their session. A subagent's loop is given its parent's folder
+(`SessionDir`), so a subagent's spills live and die with the session that started it.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from __future__ import annotations
 import operator
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
+from pykka import ActorDeadError
 
 from queryloop.actors.budget_guard import RecordUsage
 from queryloop.runtime.kernel.actor import TrioActor
@@ -53,7 +60,15 @@ from queryloop.runtime.loop.model import (
     retry_delay_s,
 )
 from queryloop.runtime.loop.pricing import context_window_for
-from queryloop.runtime.loop.spill import UnsafeSpillPath, safe_file_stem, spill_file_name, spill_path, write_spilled
+from queryloop.runtime.loop.spill import (
+    UnsafeSpillPath,
+    make_spill_folder,
+    remove_spill_folder,
+    safe_file_stem,
+    spill_file_name,
+    spill_path,
+    write_spilled,
+)
 from queryloop.runtime.loop.stream import complete_text
 from queryloop.runtime.loop.transcript import normalize_messages_for_api
 
@@ -61,6 +76,8 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
     from queryloop.actors.budget_guard import BudgetGuard
+    from queryloop.runtime.kernel._future import TrioFuture
+    from queryloop.runtime.kernel.supervisor import Supervisor
     from queryloop.runtime.loop.options import QueryOptions
 
 MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
@@ -210,6 +227,15 @@ class Drained(CarrierMessage):
     committed: int
 
 
+@record
+class SessionDir(Message):
+    """Asked by a subagent's call: the folder this session's spills go in (a `Path`), made now if it is
+    a temporary one not made yet, so that the subagent spills there and not in a folder of its own."""
+
+
+SESSION_DIR = SessionDir()
+
+
 class Compactor(TrioActor):
     actor_name = "Compactor"
 
@@ -224,6 +250,10 @@ class Compactor(TrioActor):
         self.provider = provider
         self.budget_guard = budget_guard
         self.session_dir = session_dir
+        self._own_folder: Path | None = None
+        """The temporary folder this Compactor made (`session_dir` then names it), until its removal starts."""
+        self._temporary = False
+        """Whether `session_dir` is that folder: writes never make it again (`write_spilled`'s `make_folder`)."""
         self.compactions = 0
         self._staged: list[StagedCollapse] = []
 
@@ -239,7 +269,29 @@ class Compactor(TrioActor):
             drained, committed = commit_collapses(message.messages, self._staged)
             self._staged = []
             return Drained(messages=drained, committed=committed)
+        if isinstance(message, SessionDir):
+            return self._results_dir().parent
         return super().on_receive(message)
+
+    def _begin_stop(self, reply_to: TrioFuture[Any] | None = None) -> None:
+        # The removal starts here, as work, rather than in `on_stop`: `on_stop` runs once the work has
+        # unwound, too late to start any, and a removal there would either block the trio thread or
+        # outlive the close. As work, stopping waits for it: a session's close returns once it is gone.
+        folder, self._own_folder = self._own_folder, None
+        if folder is not None:
+            try:
+                self.start_work(self._remove_own_folder, folder, abortable=False)
+            except ActorDeadError:
+                self.log.warning("the spill folder {} is left on disk: the runtime has closed", folder)
+        super()._begin_stop(reply_to)
+
+    async def _remove_own_folder(self, folder: Path) -> None:
+        with trio.CancelScope(shield=True):  # stopping cancels all work, this too: it must run whole
+            # A subagent's loop spills here too (`SessionDir`): its groups are closing with this one, and a
+            # write of theirs still in a thread would make the folder again after the removal.
+            for child in list(cast("Supervisor", self.supervisor).children):
+                await child.wait_closed()
+            await remove_spill_folder(folder)
 
     async def _prepare(self, request: Prepare) -> Prepared:
         config = request.config
@@ -260,7 +312,7 @@ class Compactor(TrioActor):
                 store=store,
             )
             if pending:
-                await trio.to_thread.run_sync(_write_all, pending)
+                await trio.to_thread.run_sync(_write_all, pending, not self._temporary)
         except (OSError, UnsafeSpillPath) as error:
             # Results not saved stay whole in the conversation: a larger request, never a lost result.
             self.log.warning("tool results over the budget kept inline: saving them failed: {}", error)
@@ -357,14 +409,13 @@ class Compactor(TrioActor):
 
     def _results_dir(self) -> Path:
         if self.session_dir is None:
-            import tempfile
-
             # A resumed session's id was read from a file: cleaned before it names a folder.
             stem = safe_file_stem(self.supervisor.session_id)
-            self.session_dir = Path(tempfile.mkdtemp(prefix=f"queryloop-{stem}-"))
+            self.session_dir = self._own_folder = make_spill_folder(f"queryloop-{stem}-")
+            self._temporary = True
         return self.session_dir / "tool-results"
 
 
-def _write_all(pending: list[tuple[Path, str]]) -> None:
+def _write_all(pending: list[tuple[Path, str]], make_folder: bool) -> None:
     for path, text in pending:
-        write_spilled(path, text)
+        write_spilled(path, text, make_folder=make_folder)

@@ -1,8 +1,8 @@
 """`python -m bench kernel | loops | abort | scale | stream | agents | ray | instructions`: ratios to an in-run
-baseline, JSON last.
+baseline, JSON last. `python -m bench durability`: counts of what SIGKILLs at random moments lost (none, or a bug).
 
-Each but `instructions` takes `--profile FILE`: a cProfile of its runtime side, for `python -m pstats FILE`
-or `snakeviz FILE`.
+Each but `instructions` and `durability` takes `--profile FILE`: a cProfile of its runtime side, for
+`python -m pstats FILE` or `snakeviz FILE`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from bench import abort, agents, instructions, kernel, loops, ray_shards, scale, stream
+from bench import abort, agents, durability, instructions, kernel, loops, ray_shards, scale, stream
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         "stream": stream,
         "agents": agents,
         "ray": ray_shards,
+        "durability": durability,
         "instructions": instructions,
     }
     for name, module in modules.items():

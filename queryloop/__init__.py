@@ -23,6 +23,10 @@ from queryloop.runtime.errors import (
     QueryloopError,
     RuntimeClosed,
     SessionClosed,
+    TranscriptDamaged,
+    TranscriptHoldsAnotherSession,
+    TranscriptInUse,
+    TranscriptRefused,
     WorkCancelled,
 )
 from queryloop.runtime.host.blocking import BlockingQuery, BlockingRuntime, BlockingSession
@@ -165,7 +169,11 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolUseSummaryEvent",
+    "TranscriptDamaged",
+    "TranscriptHoldsAnotherSession",
+    "TranscriptInUse",
     "TranscriptMessage",
+    "TranscriptRefused",
     "TrioActor",
     "TrioFuture",
     "Usage",

@@ -100,3 +100,95 @@ class FactoryError(QueryloopError):
 
 class RemoteError(QueryloopError):
     """An error raised on a shard that could not be rebuilt on the driver (its type and message kept)."""
+
+
+class TranscriptRefused(QueryloopError):
+    """A session could not take its transcript file: `TranscriptInUse` or `TranscriptHoldsAnotherSession`.
+
+    One file holds one session: two sessions in one file would interleave their records, and a resume
+    would send the model both conversations. Nothing was written to the file.
+    """
+
+    def __init__(self, path: str, session_id: str | None, message: str | None = None) -> None:
+        super().__init__(message or self.describe(path, session_id))
+        self.path = path
+        """The transcript file."""
+        self.session_id = session_id
+        """The session the file holds (its first line's), None if that could not be read."""
+
+    @staticmethod
+    def describe(path: str, session_id: str | None) -> str:
+        return f"transcript {path} holds {_holder(session_id)}: one file holds one session"
+
+    def __reduce__(self) -> tuple[type[TranscriptRefused], tuple[str, str | None, str]]:
+        return (type(self), (self.path, self.session_id, str(self)))
+
+
+def _holder(session_id: str | None) -> str:
+    if session_id is None:
+        return "a session whose id could not be read (its first line is not a readable session record)"
+    shown = session_id if len(session_id) <= 80 else f"{session_id[:80]}..."
+    return f"session {shown!r}"
+
+
+class TranscriptInUse(TranscriptRefused):
+    """Another open session, of this process or another, holds the transcript file (its OS lock, `flock`)."""
+
+    @staticmethod
+    def describe(path: str, session_id: str | None) -> str:
+        return (
+            f"transcript {path} is in use: {_holder(session_id)} has it open, in this process or another."
+            " Close that session first (then resume= the file to go on with it), or give another transcript="
+            " path; resume= it with fork=True and a new transcript= file branches from what it holds now"
+        )
+
+
+class TranscriptHoldsAnotherSession(TranscriptRefused):
+    """`transcript=` named a file that is not empty: it holds another session (open or closed) already.
+
+    A new session (and a fork, and a resume into another file) starts a file of its own: an absent or
+    empty one. `resume=` that file goes on with the session it holds.
+    """
+
+    @staticmethod
+    def describe(path: str, session_id: str | None) -> str:
+        return (
+            f"transcript {path} already holds {_holder(session_id)}: one file holds one session."
+            " resume= that file to go on with it, resume= it with fork=True and a new transcript= file to"
+            " branch from it, or give another (absent or empty) path for a new session"
+        )
+
+
+class TranscriptDamaged(QueryloopError):
+    """`resume=` refused a transcript whose damage its loading could not repair completely.
+
+    A crash cuts only a file's last line, and the loading repairs that (a tool_use left open gets an
+    error result). A damaged line elsewhere may have held a real tool result, which a synthetic one
+    would silently replace, or the prompt; resuming then would send the model another conversation
+    than the one it had (or one the API refuses every time). Nothing was opened or written:
+    `load_transcript(path)` still reads the file and says what it skipped (`problems`, by line).
+    """
+
+    def __init__(self, path: str, lines: list[int], problems: list[str], reason: str) -> None:
+        where = "no line is damaged" if not lines else _numbered(lines)
+        super().__init__(
+            f"transcript {path} cannot be resumed ({where}): {reason}. load_transcript(path) shows what was read"
+            " (its problems name every line skipped); resume= needs an intact conversation: mend or remove"
+            " the damaged lines, then resume again"
+        )
+        self.path = path
+        """The transcript file."""
+        self.lines = lines
+        """The damaged lines, skipped (numbered from 1)."""
+        self.problems = problems
+        """Everything the loading reported (`LoadedTranscript.problems`)."""
+        self.reason = reason
+        """Why the resume was refused."""
+
+    def __reduce__(self) -> tuple[type[TranscriptDamaged], tuple[str, list[int], list[str], str]]:
+        return (type(self), (self.path, self.lines, self.problems, self.reason))
+
+
+def _numbered(lines: list[int]) -> str:
+    shown = ", ".join(map(str, lines[:20])) + (f" and {len(lines) - 20} more" if len(lines) > 20 else "")
+    return f"line {shown} is damaged" if len(lines) == 1 else f"lines {shown} are damaged"

@@ -232,6 +232,7 @@ def held_response_log(path: Path) -> tuple[list[Any], UserMessage]:
     log.append(result, held=True)
     log.append(second)
     log.write()
+    log.close()  # nothing is left buffered: the file is as the crash left it, and its lock went with the process
     return [prompt, first, second], result
 
 
@@ -249,7 +250,7 @@ def test_a_released_result_joins_where_its_response_ended_and_a_retracted_one_ne
     response, result = held_response_log(path)
     retracted = UserMessage(content=[{"type": "tool_result", "tool_use_id": "t9", "content": "x", "is_error": False}])
     after = UserMessage(content="and then")
-    log = TranscriptLog(path, "s-1")
+    log = TranscriptLog(path, "s-1", resumes=path)  # the same session goes on in its own file
     log.append(retracted, held=True)
     log.append(TombstoneEvent(message_uuid=retracted.uuid))
     log.release()

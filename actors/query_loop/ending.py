@@ -21,6 +21,7 @@ from queryloop.actors.query_loop.turn import QueryLoopTurns
 from queryloop.runtime.kernel.actor import TrioActorRef
 from queryloop.runtime.kernel.messages import Abort
 from queryloop.runtime.loop.decisions import abort_terminal, result_is_error, result_subtype
+from queryloop.runtime.loop.disk import disk_error_text
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
@@ -84,8 +85,16 @@ class QueryLoopEnding(QueryLoopTurns):
         self._drain_in_ending(run, turn)
         run.terminal = self._end_early(run, turn, abort_terminal(turn.ended is not None, bool(turn.tool_ids)))
         run.control.decided = True
-        if self.transcript is not None and not self.transcript.sync_now():
-            return  # its fsync goes to a worker thread: the loop's task awaits it, then sends the result
+        log = self.transcript
+        if log is not None:
+            try:
+                synced = log.sync_now()
+            except OSError as error:
+                # A full disk, and nothing may wait here: what was not written stays in the log's buffer (its
+                # next write takes it), the query gives up on it and ends as the abort decided, saying so.
+                run.disk_error, synced = disk_error_text(log.path, error), True
+            if not synced:
+                return  # its fsync goes to a worker thread: the loop's task awaits it, then sends the result
         totals = self._settle(run)
         if isinstance(totals, BudgetStatus):
             self._send_outcome(run, run.terminal, run.turn_count, totals)
@@ -109,6 +118,18 @@ class QueryLoopEnding(QueryLoopTurns):
             note = INTERRUPT_MESSAGE_FOR_TOOL_USE if reason == "aborted_tools" else INTERRUPT_MESSAGE
             self._emit_now(run, UserMessage(content=[{"type": "text", "text": note}]))
         return Terminal(reason=reason)
+
+    def _end_unwritable(self, run: Run, text: str) -> Terminal:
+        """The query gave up on its transcript (`run.wait_for_room`): stop what runs, answer every tool_use,
+        end with the disk's error. No interruption message: no one interrupted, and it could not be written."""
+        run.ending = True
+        if not run.helpers_aborted:
+            self._stop_workers_soon()
+        turn = run.turn
+        if turn is not None:
+            turn.progress.cut = True
+            self._collect_remaining(run, turn, f"Error: {text}")
+        return unwritable_terminal(text)
 
     async def _model_error(self, run: Run, turn: Turn, error: ModelError) -> Terminal:
         run.ending = True
@@ -244,6 +265,8 @@ class QueryLoopEnding(QueryLoopTurns):
             errors.append(budget_error(run.options.max_budget_usd, totals.query_cost_usd))
         elif terminal.error:
             errors.append(terminal.error)
+        if run.disk_error is not None and run.disk_error != terminal.error:  # an abort cut the wait for room
+            errors.append(run.disk_error)
         errors.extend(run.hook_errors)  # non-blocking: they change neither the subtype nor is_error
         run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
         result = ResultMessage(
@@ -268,6 +291,12 @@ class QueryLoopEnding(QueryLoopTurns):
                 run.consumer_open = False
         self._emit_now(run, result)
         run.outcome_sent = True
+
+
+def unwritable_terminal(text: str) -> Terminal:
+    """How a query that gave up on its transcript ends: cut short during execution (the result's subtype is
+    `error_during_execution`, as for an abort, with no abort reason), `text` naming the file and the OS error."""
+    return Terminal(reason="aborted_streaming", error=text)
 
 
 def budget_error(own_cap: float | None, query_cost_usd: float) -> str:

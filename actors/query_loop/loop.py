@@ -28,7 +28,9 @@ With a `TranscriptLog`, every message that joins the conversation (and every
 tombstone) is logged, in the order it was emitted, before the consumer can take it
 (`runtime.loop.persistence`'s rule); the prompt is written to the OS as soon as it
 joins the conversation, before any request; the log is fsynced (off the trio thread)
-at each continue site and when the query ends, before its `result`.
+at each continue site and when the query ends, before its `result`. Each of these writes waits for
+room while the disk is full (`run.wait_for_room`, `runtime.loop.disk`'s policy; an abort cuts the wait):
+past the bound, or at another OSError, the query ends with an error `result` naming the file, never a crash.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ import trio
 from queryloop.actors.budget_guard import BeginQuery, BudgetLedger, BudgetStatus
 from queryloop.actors.compactor import StageCollapse, context_config
 from queryloop.actors.query_loop.context import QueryLoopContext
+from queryloop.actors.query_loop.ending import unwritable_terminal
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, Refused, RunQuery
-from queryloop.actors.query_loop.run import BudgetExceeded, Run
+from queryloop.actors.query_loop.run import BudgetExceeded, Run, TranscriptUnwritable, flush_for_room, wait_for_room
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.errors import SessionClosed
@@ -200,7 +203,12 @@ class QueryLoop(QueryLoopContext):
         # After the work has ended: no flush is running. What a cancelled query left buffered
         # is written unsynced, as a crash would have it: the next load repairs it.
         if self.transcript is not None:
-            self.transcript.close()
+            try:
+                self.transcript.close()
+            except OSError as error:
+                # Closed all the same. A session's log then raises EIO at every later write, so its handle tells
+                # a consumer what the file lacks; a subagent's (a sidechain) leaves the records to its parent's log.
+                self.log.warning("transcript {} closed with records unwritten: {}", self.transcript.path, error)
 
     def on_failure(
         self,
@@ -280,9 +288,7 @@ class QueryLoop(QueryLoopContext):
                         pricing=options.pricing,
                     )
                 )
-            self._record(prompt)
-            if self.transcript is not None:
-                self.transcript.write()  # a kill from here on keeps the prompt (a compaction may call a model first)
+            self._record(prompt)  # written first thing in `_run_loop`
             if run.options.memory_prefetch is None:
                 terminal, turns = await self._run_loop(run)
             else:
@@ -295,7 +301,10 @@ class QueryLoop(QueryLoopContext):
             run.control.decided = True
             if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
                 if self.transcript is not None:
-                    await self.transcript.flush()  # before the result: a consumer that saw it can rely on the file
+                    try:
+                        await self.transcript.flush()  # before the result: a consumer that saw it can rely on the file
+                    except OSError as error:
+                        terminal = await self._room_before_result(run, terminal, error)
                 settled = self._settle(run)
                 totals = settled if isinstance(settled, BudgetStatus) else await settled
                 self._send_outcome(run, terminal, terminal.turn_count or turns, totals)
@@ -317,19 +326,37 @@ class QueryLoop(QueryLoopContext):
         """The query's loop over the conversation as it is now: its end, and the turn it reached (a budget stop's
         too: the turn of the call that reached the cap)."""
         try:
+            if self.transcript is not None:
+                try:  # the prompt: a kill from here on keeps it (a compaction may call a model first)
+                    self.transcript.write()
+                except OSError as error:  # a full disk: wait for room (an abort's cut ends the query below as usual)
+                    await wait_for_room(run, self.transcript, error)
             # The first State made in the call, not kept in a local: no caller's frame holds it (its dict and
             # its list of messages would stay in flight for the whole query); each iteration's is the only one.
             terminal, state = await self._loop(run, initial_state(list(self.conversation)))
         except BudgetExceeded:
             return self._end_early(run, run.turn, "max_budget_usd"), run.turn_count
+        except TranscriptUnwritable as unwritable:  # the prompt's write, one before a request, or a continue site's
+            return self._end_unwritable(run, str(unwritable)), run.turn_count
         return terminal, state.turn_count
+
+    async def _room_before_result(self, run: Run, terminal: Terminal, error: OSError) -> Terminal:
+        """The flush before the result failed: wait for room; past the bound the result is the disk's error
+        (a consumer must not read a success as "all of it is in the file"). An abort that cuts the wait keeps
+        the ending decided, its result's `errors` naming the disk (`_send_outcome`)."""
+        assert self.transcript is not None
+        try:
+            await wait_for_room(run, self.transcript, error, flush=True)
+        except TranscriptUnwritable as unwritable:
+            return unwritable_terminal(str(unwritable))
+        return terminal
 
     async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
         # Each step below that has nothing to do on most iterations is awaited only when it has: an
         # `async def` that returns at once still costs a coroutine (a thousand loops, a dozen a loop).
         while True:
             if state.transition is not None and self.transcript is not None:
-                await self.transcript.flush()  # a continue site: the turn that ended is made durable
+                await flush_for_room(run, self.transcript)  # a continue site: the turn that ended is made durable
             messages_for_query = self._boundary.after(state.messages)
             if self._pipeline_needed(run, messages_for_query):  # sent as they are on most iterations
                 through = await self._through_pipeline(run, messages_for_query)

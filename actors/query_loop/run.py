@@ -16,6 +16,7 @@ from queryloop.runtime._frozen import EMPTY_LIST, empty_list, empty_set
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo
+from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, disk_error_text, retry_while_full
 from queryloop.runtime.loop.events import (
     AgentUsage,
     AssistantMessage,
@@ -35,12 +36,17 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from queryloop.runtime.kernel._future import TrioFuture
+    from queryloop.runtime.loop.persistence import TranscriptLog
 
 TRANSCRIPT_TYPES = (UserMessage, AssistantMessage, SystemMessage, AttachmentMessage)
 
 
 class BudgetExceeded(Exception):
     pass
+
+
+class TranscriptUnwritable(Exception):
+    """The query gave up on its transcript (`wait_for_room`): it ends, its `result` saying why (the message)."""
 
 
 @dataclass(slots=True)
@@ -134,6 +140,9 @@ class Run:
     context_message: UserMessage | None = None
     """The user context's message, made once per context (`QueryLoop`): the same object heads every
     request's messages, so that `normalizer` finds them unchanged."""
+    disk_error: str | None = None
+    """Why this query gave up on its transcript (`wait_for_room`); None while its writes succeed. Set, the
+    query's later writes are tried once and never waited for, and its `result`'s `errors` name it."""
 
     def add_hook_errors(self, texts: Iterable[str]) -> None:
         if self.hook_errors is EMPTY_LIST:
@@ -177,6 +186,48 @@ class Phase:
             return self._scope.__exit__(exc_type, exc, tb)
         finally:
             self._run.phase = None
+
+
+async def wait_for_room(
+    run: Run, log: TranscriptLog, error: OSError, *, flush: bool = False, bound_s: float = DISK_FULL_WAIT_S
+) -> None:
+    """The query's write to `log` (its `flush` if `flush`) failed with `error`: try it again while the disk
+    is full, with `runtime.loop.disk`'s backoff, for at most `bound_s`.
+
+    Returns once the write has succeeded, or once an abort has cut the wait (in a `Phase`: the query's
+    own cancellation; `run.disk_error` is then set and the abort ends the query as usual). Past the bound,
+    or at once for an error that room will not end, raises `TranscriptUnwritable` (`run.disk_error` set):
+    the query ends with an error result. Either way what was not written stays in the log's buffer, first
+    in line for its next write. A query that has given up already does not wait again.
+    """
+    if run.disk_error is not None:
+        return
+
+    async def attempt() -> None:
+        if flush:
+            await log.flush()
+        else:
+            log.write()
+
+    failure: OSError | None = None
+    with Phase(run):
+        try:
+            await retry_while_full(attempt, error, bound_s=bound_s)
+        except OSError as failed:
+            failure = failed
+        else:
+            return
+    run.disk_error = disk_error_text(log.path, failure or error)
+    if failure is not None:
+        raise TranscriptUnwritable(run.disk_error) from failure
+
+
+async def flush_for_room(run: Run, log: TranscriptLog) -> None:
+    """`log.flush()`, waiting for room while the disk is full (`wait_for_room`: past the bound, it raises)."""
+    try:
+        await log.flush()
+    except OSError as error:
+        await wait_for_room(run, log, error, flush=True)
 
 
 @dataclass(frozen=True, slots=True)

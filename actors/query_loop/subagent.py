@@ -32,12 +32,14 @@ task of the child runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
 from queryloop.actors.budget_guard import BudgetLedger, BudgetStatus, RecordSpend
+from queryloop.actors.compactor import SESSION_DIR
 from queryloop.actors.model_caller import ModelCaller
 from queryloop.actors.query_loop.messages import Forwarded, GetConversation, QueryControl, RunQuery
 from queryloop.actors.tool_executor import StreamingToolExecutor
@@ -220,7 +222,9 @@ class Subagents:
                 executor=executor,
                 compact_provider=options.compact_provider or provider,
                 summary_provider=options.summary_provider or provider,
-                session_dir=options.session_dir,
+                # The parent session's folder (its spills' folder asked of its Compactor when it is a temporary
+                # one): the child's spills live and die with that session, not with this call.
+                session_dir=parent._session_dir or await parent.compactor.ask(SESSION_DIR, block=False),  # noqa: SLF001
                 ledger=BudgetLedger(agent_id=agent_id, above=above),
                 transcript=sidechain,
                 agents_host=self._host,
@@ -243,8 +247,7 @@ class Subagents:
                     await control.wait_ended()
                 await child.close()
                 events.close_receiver()
-                if sidechain is not None:
-                    sidechain.write()
+                _write_sidechain(sidechain)
         if result is None:
             raise ToolError(f"the {args.subagent_type} agent ended without a result")
         if result.is_error or result.subtype != "success":
@@ -298,6 +301,15 @@ async def _relay(
             item = dataclasses.replace(item, parent_tool_use_id=tool_use_id)
         if channel is not None:
             await channel.send(Forwarded(event=item))
+
+
+def _write_sidechain(sidechain: SidechainLog | None) -> None:
+    """What the child left buffered, written (the parent's log: its file, its buffer). A failure (a full disk)
+    is not the child's: the records stay first in line in the parent's buffer, and the parent's own writes
+    wait for room, or end its query, by `runtime.loop.disk`'s rule."""
+    if sidechain is not None:
+        with contextlib.suppress(OSError):
+            sidechain.write()
 
 
 def _keep_sidechain(parent: QueryLoopTurns, sidechain: Sidechain) -> None:

@@ -31,6 +31,7 @@ from queryloop.actors.query_loop.run import (
     note_assistant,
     task_budget_of,
     turn_done,
+    wait_for_room,
 )
 from queryloop.actors.summarizer import HaikuSummarizer
 from queryloop.actors.tool_executor import Discard, ToolResult, begin_turn
@@ -191,7 +192,12 @@ class QueryLoopTurns(TrioActor):
             transcript=self.transcript,
         )
         if self.transcript is not None:
-            self.transcript.write()  # what the request carries is in the file before it goes out
+            try:
+                self.transcript.write()  # what the request carries is in the file before it goes out
+            except OSError as error:  # a full disk: wait for room (past the bound, the query ends: it raises)
+                await wait_for_room(run, self.transcript, error)
+                if run.disk_error is not None:
+                    return turn  # an abort cut the wait: no request goes out, the ending is the abort's
         if run.calls.accepting:
             run.calls.feed(call)  # to the ModelCaller's task for this query: no message, no new task
         else:

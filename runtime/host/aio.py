@@ -397,20 +397,20 @@ class AsyncioQuery:
         if not buffer:
             if pipe.over():
                 return None
-            pipe.wants_more()
+            _wants_more(pipe)
             return []
         batch = list(buffer)
         buffer.clear()
         pipe.consumed += len(batch)
         if type(batch[-1]) is ResultMessage:
             pipe.keep_result(batch[-1])
-        pipe.wants_more()
+        _wants_more(pipe)
         return batch
 
     async def _arrival(self) -> None:
         """Until events arrive or the stream ends; a consumer cancelled meanwhile aborts the query."""
         pipe = self._pipe
-        pipe.wants_more()
+        _wants_more(pipe)
         waiter = pipe.waiter = pipe.bridge.loop.create_future()
         try:
             await waiter
@@ -429,6 +429,8 @@ class AsyncioQuery:
             if pipe.gone and not pipe.ended:
                 await self._wait_ended()
             if pipe.result is None:
+                if pipe.bridge.closing:  # a query the run's end cut short (it did not settle within the grace)
+                    raise RuntimeClosed("the asyncio runtime closed before the query ended: it has no result")
                 msg = "the query ended without a result (its consumer left before it ran)"
                 raise QueryloopError(msg)
         return pipe.result
@@ -471,3 +473,13 @@ class AsyncioQuery:
                 pipe.leave("user")
             except Exception:  # noqa: BLE001 - a finalizer must not raise
                 logger.exception("abandoning a dropped query failed")
+
+
+def _wants_more(pipe: Pipe) -> None:
+    """`pipe.wants_more()` for a consumer about to wait. Its wake-up call to a parked pump is refused only when
+    the trio run has just ended (thread mode: the run's end not yet told on this loop): the pump has ended then,
+    and its `finish` (or `runtime_finished`), queued on this loop, ends the wait with the rest of the events."""
+    try:
+        pipe.wants_more()
+    except RuntimeClosed:
+        pass

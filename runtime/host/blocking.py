@@ -18,18 +18,24 @@ until the runtime answers, so inside a coroutine it stalls that event loop for a
 
 `BlockingRuntime(tune_gc=True)` opens its runtime with `Runtime.open(tune_gc=True)`: only
 for a host that owns its process (see `Runtime.open`).
+
+Closing answers every consumer (`BlockingRuntime.close`): a query running then ends aborted
+(`shutdown`) and its consumer gets the rest of its events and its `result`, whether it was blocked
+in `wait()` then or iterates later; only a call that would start work after the close began (a
+query, a session) is refused, with `RuntimeClosed`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import trio
 
-from queryloop.runtime.errors import BlockingCallOnTrioThread, QueryloopError
+from queryloop.runtime.errors import BlockingCallOnTrioThread, QueryloopError, RuntimeClosed
 from queryloop.runtime.host.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -48,21 +54,51 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class _Run:
+    """One trio run of a `BlockingRuntime`, as its queries need it even once it has ended (`BlockingQuery`)."""
+
+    __slots__ = ("ended", "served", "token")
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self.token = token
+        self.ended = threading.Event()
+        """Set once `trio.run` has returned: no task is left, every channel is the consumers' alone."""
+        self.served = threading.Lock()
+        """Held while a consumer takes from a channel after the run (two threads may iterate one query)."""
+
+
 class BlockingRuntime:
-    """Start with `with BlockingRuntime() as rt:` (or `.start()` / `.close()`)."""
+    """Start with `with BlockingRuntime() as rt:` (or `.start()` / `.close()`).
+
+    `close()` answers everyone. It first refuses what would start work (`query()`, `open_session()`,
+    `open_mcp()`, `open_host_budget()` raise `RuntimeClosed` from then on), then ends the trio run,
+    whose `Runtime.open` exit closes every session: each running query is aborted (`shutdown`) and ends
+    properly, its remaining events and its `result` buffered in its channel. A consumer blocked in a
+    hop for its next event is answered from that channel while the run lives; one whose hop meets the
+    run ending (refused, or cancelled before it took anything), and any that iterates after, is served
+    the same channel in its own thread once `trio.run` has returned (`_Run.ended`): with no task left,
+    the channel's items are plain objects, taken one at a time under a lock through
+    `QueryHandle.next_buffered`, the logic `__anext__` applies. Waiting for the end of the run, not for
+    consumers, keeps `close()` bounded (by `SHUTDOWN_GRACE_S`) however slowly its consumers drain.
+    """
 
     def __init__(self, *, tune_gc: bool = False) -> None:
         self._tune_gc = tune_gc
         self._runtime: Runtime | None = None
         self._token: trio.lowlevel.TrioToken | None = None
+        self._run: _Run | None = None
         self._ready = threading.Event()
         self._stop: trio.Event | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._closing = False
+        """`close()` has begun: nothing more is started (read on the trio thread too, see `_refuse_when_closing`)."""
 
     def start(self) -> Self:
         if self._thread is not None:
             return self
+        # A runtime started again after a close gets a new run: its state is made afresh.
+        self._ready, self._error, self._closing, self._run = threading.Event(), None, False, None
         self._thread = threading.Thread(target=self._main, name="queryloop-runtime", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -73,6 +109,7 @@ class BlockingRuntime:
     def _main(self) -> None:
         async def serve() -> None:
             self._token = trio.lowlevel.current_trio_token()
+            self._run = _Run(self._token)
             self._stop = trio.Event()
             async with Runtime.open(tune_gc=self._tune_gc) as runtime:
                 self._runtime = runtime
@@ -84,24 +121,65 @@ class BlockingRuntime:
         except BaseException as error:  # noqa: BLE001 - handed to the thread that waits for start()
             self._error = error
         finally:
+            if self._run is not None:
+                self._run.ended.set()  # the consumers still reading take the rest from the channels themselves
             self._ready.set()
 
-    def call(self, async_fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `await async_fn(*args)` on the runtime's thread and return its result here."""
+    def _usable_token(self) -> trio.lowlevel.TrioToken:
         if trio.lowlevel.in_trio_run():
             msg = "the blocking facade cannot be used from a trio thread: use Runtime and await instead"
             raise BlockingCallOnTrioThread(msg)
-        if self._token is None:
+        token = self._token
+        if token is None:
+            if self._closing:
+                msg = "the blocking runtime is not running: it was closed"
+                raise RuntimeClosed(msg)
             msg = "the blocking runtime is not running: use it inside `with BlockingRuntime() as rt:`"
             raise QueryloopError(msg)
-        return trio.from_thread.run(async_fn, *args, trio_token=self._token)
+        return token
+
+    def call(self, async_fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `await async_fn(*args)` on the runtime's thread and return its result here.
+
+        `RuntimeClosed` if the run has ended, or ends before the call could finish (trio's own
+        `RunFinishedError`, or the `Cancelled` of the run's last moments, is never raised here).
+        """
+        token = self._usable_token()
+        try:
+            return trio.from_thread.run(async_fn, *args, trio_token=token)
+        except (trio.RunFinishedError, trio.Cancelled):
+            msg = "the blocking runtime closed before the call could finish"
+            raise RuntimeClosed(msg) from None
 
     def call_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` on the runtime's thread and return its result here."""
-        if self._token is None:
-            msg = "the blocking runtime is not running"
-            raise QueryloopError(msg)
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+        """Run `fn(*args)` on the runtime's thread and return its result here (`RuntimeClosed` as `call`)."""
+        token = self._usable_token()
+        try:
+            return trio.from_thread.run_sync(fn, *args, trio_token=token)
+        except trio.RunFinishedError:
+            msg = "the blocking runtime closed before the call could run"
+            raise RuntimeClosed(msg) from None
+
+    def _refuse_when_closing(self) -> None:
+        """`RuntimeClosed` once `close()` has begun: called first by the calls that start work, in the calling
+        thread and again on the trio thread. `close()` sets the flag before it hands the stop to the trio thread,
+        so a start that runs there after the stop sees it; one that ran before is closed (and answered) with the
+        rest: nothing is started that the close would miss."""
+        if self._closing:
+            msg = "the blocking runtime has been closed: it is not running anything new"
+            raise RuntimeClosed(msg)
+
+    def _query(self, session: Session, prompt: str, overrides: dict[str, Any]) -> BlockingQuery:
+        self._refuse_when_closing()
+        run = self._run
+        assert run is not None
+
+        def submit() -> QueryHandle:
+            self._refuse_when_closing()
+            return session.query(prompt, **overrides)
+
+        handle: QueryHandle = self.call_sync(submit)
+        return BlockingQuery(self, handle, run)
 
     def open_session(
         self,
@@ -114,10 +192,21 @@ class BlockingRuntime:
         """As `Runtime.open_session` (durable transcript, resume and fork included)."""
         assert self._runtime is not None
         runtime = self._runtime
-        session: Session = self.call(
+        session = self._start_work(
             lambda: runtime.open_session(options, transcript=transcript, resume=resume, fork=fork)
         )
         return BlockingSession(self, session)
+
+    def _start_work(self, async_fn: Callable[[], Awaitable[T]]) -> T:
+        """`call` for what starts work: refused once `close()` has begun (`_refuse_when_closing`)."""
+        self._refuse_when_closing()
+
+        async def unless_closing() -> T:
+            self._refuse_when_closing()
+            return await async_fn()
+
+        result: T = self.call(unless_closing)
+        return result
 
     def open_mcp(
         self,
@@ -135,7 +224,7 @@ class BlockingRuntime:
         assert self._runtime is not None
         runtime = self._runtime
         handler = None if on_elicitation is None else _threaded_elicitation(on_elicitation)
-        tools: list[Tool] = self.call(lambda: runtime.open_mcp(name, server, on_elicitation=handler))
+        tools: list[Tool] = self._start_work(lambda: runtime.open_mcp(name, server, on_elicitation=handler))
         return tools
 
     def mcp_tools(self, name: str) -> list[Tool]:
@@ -175,7 +264,8 @@ class BlockingRuntime:
     def open_host_budget(self, max_budget_usd: float) -> None:
         """As `Runtime.open_host_budget`: every session opened from now on counts toward one cap."""
         assert self._runtime is not None
-        self.call(self._runtime.open_host_budget, max_budget_usd)
+        runtime = self._runtime
+        self._start_work(lambda: runtime.open_host_budget(max_budget_usd))
 
     def host_cost_usd(self) -> float:
         """As `Runtime.host_cost_usd`: what the sessions under the host budget have spent so far."""
@@ -184,12 +274,15 @@ class BlockingRuntime:
         return spent
 
     def close(self) -> None:
-        """Close every session (their queries are aborted) and stop the runtime's thread."""
+        """Close every session (their queries are aborted, and end with their `result`) and stop the runtime's
+        thread; returns once the run has ended. Every consumer is answered (see the class docstring)."""
         thread, stop = self._thread, self._stop
         if thread is None or stop is None:
             return
+        self._closing = True  # first: a start handed to the trio thread after the stop below is refused
         if self._token is not None and thread.is_alive():
-            self._token.run_sync_soon(stop.set)  # works from any thread, a trio one included
+            with contextlib.suppress(trio.RunFinishedError):  # the run ended on its own meanwhile
+                self._token.run_sync_soon(stop.set)  # works from any thread, a trio one included
         thread.join()
         self._thread = None
         self._token = None
@@ -213,8 +306,8 @@ class BlockingSession:
         return self.session.id
 
     def query(self, prompt: str, **overrides: Any) -> BlockingQuery:
-        handle: QueryHandle = self._runtime.call_sync(lambda: self.session.query(prompt, **overrides))
-        return BlockingQuery(self._runtime, handle)
+        """Submit one user message (as `Session.query`); `RuntimeClosed` once the runtime's close has begun."""
+        return self._runtime._query(self.session, prompt, overrides)  # noqa: SLF001 - the facade's own parts
 
     def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
         """Abort the running query; callable from any thread, at any moment."""
@@ -230,32 +323,60 @@ class BlockingSession:
 
 
 class BlockingQuery:
-    """Iterate for the events (blocking); then `terminal`, `result`, `transitions`."""
+    """Iterate for the events (blocking); then `terminal`, `result`, `transitions`.
 
-    def __init__(self, runtime: BlockingRuntime, handle: QueryHandle) -> None:
+    Iterating it after the runtime has closed still gives the rest of its events and its `result`
+    (`BlockingRuntime`'s docstring says how).
+    """
+
+    def __init__(self, runtime: BlockingRuntime, handle: QueryHandle, run: _Run) -> None:
         self._runtime = runtime
         self._handle = handle
+        self._run = run
+        """The run that started the query: its channel is served from here once that run has ended."""
 
     def __iter__(self) -> Iterator[QueryEvent]:
         return self
 
     def __next__(self) -> QueryEvent:
-        try:
-            event: QueryEvent = self._runtime.call(self._handle.__anext__)
-        except StopAsyncIteration:
-            raise StopIteration from None
-        return event
+        if trio.lowlevel.in_trio_run():
+            msg = "the blocking facade cannot be used from a trio thread: use Runtime and await instead"
+            raise BlockingCallOnTrioThread(msg)
+        run, handle = self._run, self._handle
+        if not run.ended.is_set():
+            try:
+                event: QueryEvent = trio.from_thread.run(handle.__anext__, trio_token=run.token)
+            except StopAsyncIteration:
+                raise StopIteration from None
+            except (trio.RunFinishedError, trio.Cancelled):
+                # The run is ending: the hop was refused, or cut while it waited on an empty channel, before
+                # `__anext__` took anything (it takes only after its one await). The rest is in the channel.
+                run.ended.wait()
+            else:
+                return event
+        with run.served:
+            buffered = handle.next_buffered()
+        if buffered is None:
+            raise StopIteration
+        return buffered
 
     def wait(self) -> ResultMessage:
         """Consume the remaining events; return the result."""
         for _ in self:
             pass
-        assert self._handle.result is not None
-        return self._handle.result
+        result = self._handle.result
+        if result is None:
+            # Only a query the run's end cut short (it did not settle within the runtime's shutdown grace).
+            msg = "the blocking runtime closed before the query ended: it has no result"
+            raise RuntimeClosed(msg)
+        return result
 
     def close(self) -> None:
-        """Stop listening; a query still running is aborted."""
-        self._runtime.call(self._handle.aclose)
+        """Stop listening; a query still running is aborted. Once the runtime has closed, nothing runs: a no-op."""
+        if self._run.ended.is_set():
+            return
+        with contextlib.suppress(RuntimeClosed):  # the run ended meanwhile, and the query with it
+            self._runtime.call(self._handle.aclose)
 
     @property
     def terminal(self) -> Terminal | None:

@@ -22,7 +22,7 @@ from queryloop.runtime.host.session import Session, refuse_asyncio_provider
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.restore import LoadedTranscript, load_transcript, open_log
+from queryloop.runtime.loop.restore import LoadedTranscript, load_transcript, open_log, refuse_damaged
 from queryloop.runtime.loop.tools import Tool
 from queryloop.runtime.mcp.elicitation import ElicitationHandler
 from queryloop.runtime.mcp.resources import resource_tools
@@ -174,10 +174,12 @@ class Runtime:
     ) -> Session:
         """Start a session's actor group; `options` (or the fields of one) configure its queries.
 
-        `transcript`: append the conversation to that JSONL file (new or existing).
-        `resume`: restore the conversation of that file (repaired if a crash cut it) and its
+        `transcript`: append the conversation to that JSONL file, absent or empty (one that holds a
+        session is refused, `TranscriptHoldsAnotherSession`; one an open session holds, `TranscriptInUse`).
+        `resume`: restore the conversation of that file (repaired if a crash cut it; refused with
+        `TranscriptDamaged` where damage elsewhere may have lost what the model would be sent) and its
         session id, and go on appending to it unless `transcript` names another file.
-        `fork` (with `resume` and a `transcript` of another file): the restored conversation goes on
+        `fork` (with `resume` and a `transcript` of another, new file): the restored conversation goes on
         as a new session, with an id of its own, in that file; the resumed one is left as it was.
         """
         options = options or QueryOptions(**fields)
@@ -195,6 +197,7 @@ class Runtime:
             loaded = await trio.to_thread.run_sync(load_transcript, resume)
             for problem in loaded.problems:
                 logger.bind(session=loaded.session_id).warning("resuming {}: {}", resume, problem)
+            refuse_damaged(loaded, resume)  # `TranscriptDamaged`, before anything is opened or written
             transcript = resume if transcript is None else transcript
         # The group first: a session id already open fails here, before anything is written.
         group = await self.start_group(loaded.session_id if loaded is not None and not fork else None)
@@ -221,7 +224,7 @@ class Runtime:
             executor=executor,
             compact_provider=options.compact_provider or options.provider,
             summary_provider=options.summary_provider or options.provider,
-            session_dir=options.session_dir,
+            session_dir=_session_dir(options.session_dir, transcript),
             budget_guard=budget,
             conversation=loaded.messages if loaded is not None else None,
             transcript=log,
@@ -353,3 +356,15 @@ class Runtime:
 def _same_path(a: Path, b: Path) -> bool:
     """Whether two paths name one file, by their absolute spelling (no filesystem access)."""
     return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _session_dir(given: Path | None, transcript: Path | None) -> Path | None:
+    """The folder a session's oversized tool results go in (`<it>/tool-results/`): the host's, if it gave one;
+    else a durable session's beside its transcript, the transcript's path without its suffix (Claude Code's
+    `<session-id>.jsonl` and `<session-id>/`), where a resume finds them and which outlives the session;
+    else None, and the session's Compactor makes a temporary one, removed when the session closes."""
+    if given is not None or transcript is None:
+        return given
+    folder = transcript.with_suffix("")
+    # A transcript named without a suffix would be its own folder: the folder takes a suffix instead.
+    return folder if folder != transcript else transcript.with_name(f"{transcript.name}.d")

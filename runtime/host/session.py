@@ -23,6 +23,7 @@ from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryCon
 from queryloop.runtime._frozen import EMPTY_LIST
 from queryloop.runtime.errors import QueryInProgress, SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, backoff_delays, is_disk_full
 from queryloop.runtime.loop.events import (
     Block,
     QueryEvent,
@@ -55,7 +56,19 @@ thousand queries at once). Every other item is an event as is."""
 
 
 class QueryHandle:
-    """Iterate it for the query's events; then read `terminal`, `result`, `transitions`."""
+    """Iterate it for the query's events; then read `terminal`, `result`, `transitions`.
+
+    Before it hands out an event, the handle writes the session's transcript (docs/design.md, "Durability"),
+    so the event's record is in the file. While the disk is full (ENOSPC, EDQUOT) it waits for room, with
+    `runtime.loop.disk`'s backoff (the consumer's own cancellation cuts the wait; nothing is taken, iterate
+    again), and takes the event once the write succeeds. It stops waiting once its query is over (its
+    `result` sent: the loop has given up on the disk for this query, past its bound, at another write error
+    or cut by an abort, and said so in the `result`) or after `DISK_FULL_WAIT_S` of its own: it then hands
+    out the remaining events and the `result` although their records are NOT in the file yet. They stay
+    buffered in the log, first in line, and the session's next successful write (its next query's, or its
+    close) puts them there. Any other write error, while the query runs, is raised and takes no event; so is
+    any error once the session is closed (a log closed on a failure raises `EIO`: those records are lost).
+    """
 
     def __init__(
         self, session: Session, events: EventChannel[Any], control: QueryControl, transcript: TranscriptLog | None
@@ -68,6 +81,8 @@ class QueryHandle:
         self.transitions: list[ContinueReason] = EMPTY_LIST
         """The query's continue reasons, in order, once it has ended (the shared empty list until then)."""
         self.result: ResultMessage | None = None
+        self._gave_up_on_disk = False
+        """The disk stayed full past this handle's wait: its remaining events are handed out unwritten."""
 
     @property
     def done(self) -> bool:
@@ -91,7 +106,10 @@ class QueryHandle:
             if transcript is not None:
                 # Every message in the channel has its record in the log's buffer: written now, one syscall
                 # for all that arrived together, so nothing the consumer receives is lost to a kill.
-                transcript.write()
+                try:
+                    transcript.write()
+                except OSError as error:  # the only path that does more: a disk that is fine costs nothing
+                    await self._wait_for_room(transcript, error)
             item = events.items.popleft()  # `events.take()` written out: one call less an event (0.7 % of a W loop)
             if events.waiting_senders:
                 events.admit_waiting_sender()
@@ -123,12 +141,43 @@ class QueryHandle:
                 self._raise_failure()
                 return batch
             if transcript is not None:
-                transcript.write()
+                try:
+                    transcript.write()
+                except OSError as error:
+                    await self._wait_for_room(transcript, error)
             while events.items:
                 event = self._received(events.take())
                 if event is not None:
                     batch.append(event)
         return batch
+
+    async def _wait_for_room(self, transcript: TranscriptLog, error: OSError) -> None:
+        """The write before an event failed with `error`: return once the events may be handed out (written,
+        or given up on: the class docstring); else raise `error` (or a retry's)."""
+        supervisor = self._session.supervisor  # a closed (or crashed) session's log is closed: its records are lost
+        if (self._gave_up_on_disk or self._query_over()) and not supervisor.closed:
+            return  # the log keeps them buffered, first in line for the session's next write
+        if not is_disk_full(error) or supervisor.closed:
+            raise error
+        control = self._control
+        for delay in backoff_delays(DISK_FULL_WAIT_S):
+            with trio.move_on_after(delay):
+                await control.wait_ended()  # woken at once when the query ends (the loop gave up, or an abort)
+            try:
+                transcript.write()
+            except OSError as failed:
+                if self._query_over() and not supervisor.closed:
+                    return
+                if not is_disk_full(failed):
+                    raise
+            else:
+                return
+        self._gave_up_on_disk = True
+
+    def _query_over(self) -> bool:
+        """The loop will write nothing more of this query: its work is over, or its `result` is in the channel
+        (sent after the query's last write, or once the loop gave up on it)."""
+        return self._control.finished or any(type(item) is ResultMessage for item in self._events.items)
 
     def _received(self, item: Any) -> QueryEvent | None:
         """What one item of the channel is to the consumer: an event, or None for the end's bookkeeping."""
@@ -189,6 +238,24 @@ class QueryHandle:
             session.supervisor._token.run_sync_soon(abandoned)  # noqa: SLF001
         except trio.RunFinishedError:
             pass  # the run is over: nothing is left to abort
+
+    def next_buffered(self) -> QueryEvent | None:
+        """`__anext__` without waiting: the next event the channel holds, or None once it holds none (the stream
+        ends there; a crash of the session's actors is raised, as `__anext__` raises it).
+
+        Only for a consumer served after the trio run has ended (`BlockingQuery`): no task is left to send, to
+        wait or to be admitted, so the channel is plain Python objects. The items go through `_received`, as
+        `__anext__`'s do (the transcript written first, a raw stream event wrapped, the end's bookkeeping kept).
+        """
+        items, transcript = self._events.items, self._transcript
+        while items:
+            if transcript is not None:
+                transcript.write()
+            event = self._received(items.popleft())
+            if event is not None:
+                return event
+        self._raise_failure()
+        return None
 
 
 class Session:

@@ -142,7 +142,12 @@ class QueryOptions(BaseModel):
     task_budget: int | None = Field(default=None, ge=1)
     """A server-side token budget for the task, sent as `task_budget` with what remains of it."""
     session_dir: Path | None = None
-    """Where oversized tool results are written; a temporary directory when None."""
+    """The folder whose `tool-results/` takes the tool results over `max_tool_result_chars`; the host's, so
+    never removed. When None: a durable session (`transcript=` or `resume=`) keeps them beside its
+    transcript, in the transcript's path without its suffix (`chat.jsonl` → `chat/tool-results/`, as
+    Claude Code keeps `<session-id>/tool-results/`), which outlives the session and a resume writes to
+    again; any other session spills to a temporary folder, made at its first spill and removed when the
+    session closes (by `close()`, the runtime's exit or a crash). A subagent spills in its session's."""
     event_buffer: int = Field(default=64, ge=1)
     """Events buffered between the loop and a slow consumer before the loop waits (backpressure)."""
 

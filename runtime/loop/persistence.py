@@ -35,11 +35,15 @@ such a failure raises at every later write, so no consumer takes an event whose 
 
 Every write happens on the trio thread, in the order of the appends: the worker thread only
 fsyncs, so a write can never overtake another.
+
+One file holds one session: a log holds an OS lock (`flock`, exclusive) on its file from its opening
+to its close, and a new session's log takes only an absent or empty file (see `TranscriptLog`).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import time
@@ -49,6 +53,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from queryloop.runtime.errors import TranscriptHoldsAnotherSession, TranscriptInUse
 from queryloop.runtime.loop.events import (
     TombstoneEvent,
     TranscriptMessage,
@@ -71,21 +76,78 @@ def _line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
+_HEAD_BYTES = 4096
+"""How much of a file is read for its session record: the record is under a hundred bytes, and a first
+line longer than this is not one (a hostile or damaged file is never read whole to find out)."""
+
+
+def stored_session_id(fd: int) -> str | None:
+    """The session id of the file's first line if it is a session record; None if it is not (damaged,
+    hostile, or another record). Never raises on the bytes."""
+    line = os.pread(fd, _HEAD_BYTES, 0).partition(b"\n")[0]
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
+        return None
+    if isinstance(record, dict) and record.get("type") == "session":
+        session_id = record.get("session_id")
+        if isinstance(session_id, str):
+            return session_id
+    return None
+
+
+def _same_file(fd: int, other: str | os.PathLike[str]) -> bool:
+    try:
+        theirs = os.stat(other)
+    except OSError:
+        return False
+    ours = os.fstat(fd)
+    return (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
+def _last_line_start(fd: int, size: int) -> int:
+    """Where the file's last line begins: just past its last newline (0 if it has none)."""
+    end = size
+    while end > 0:
+        begin = max(0, end - 65536)
+        newline = os.pread(fd, end - begin, begin).rfind(b"\n")
+        if newline >= 0:
+            return begin + newline + 1
+        end = begin
+    return 0
+
+
 class TranscriptLog:
     """Appends a session's transcript records to `path`: in the file (the OS's) once `write()` has
     returned, on disk once `flush()` has (see the module docstring for who calls which, when).
 
     The file is opened at once (a bad path fails when the session opens, not mid-query).
-    A new file starts with the session record; a file whose last line a crash cut short
-    gets that line ended first, so the first new record is not glued to the fragment.
+    A new file starts with the session record; a file whose last line a crash cut short has that
+    fragment cut off first (`_end_last_line`), so no new record is glued to it.
+
+    One file, one session. The log holds an exclusive `flock` on the file until `close()` (or its
+    process's end): a file another log holds, in this process or another, is refused with
+    `TranscriptInUse` (flock locks belong to the open file description, so a second `open()` in the
+    same process conflicts as another process's does). Then, locked (so that two racing openers
+    cannot both find it empty), the file must be absent or empty, unless it is `resumes`, the file
+    this session was restored from: that one may already hold this session, and only this one.
+    Anything else is refused with `TranscriptHoldsAnotherSession`; nothing is written either way.
     """
 
     fsync: ClassVar[Callable[[int], None]] = staticmethod(os.fsync)
     """How `flush()` makes the file durable (run in a worker thread); a test may count the calls."""
 
-    def __init__(self, path: str | os.PathLike[str], session_id: str) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], session_id: str, *, resumes: str | os.PathLike[str] | None = None
+    ) -> None:
         self.path = Path(path)
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            self._claim(fd, session_id, resumes)
+        except BaseException:
+            os.close(fd)  # the lock, if it was taken, goes with it
+            raise
+        self._fd: int | None = fd
         self._pending: list[bytes] = []
         self._unsynced = False
         """Something was written since the last fsync began."""
@@ -94,13 +156,45 @@ class TranscriptLog:
         """The last fsync took less than `INLINE_FSYNC_S`: the next runs on the trio thread."""
         self._close_error: OSError | None = None
         """Why `close()` could not write what was buffered."""
-        size = os.fstat(self._fd).st_size
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            size = self._end_last_line(fd, size)
         self.is_new = size == 0
         """The file was empty when opened: it holds nothing but what this log writes."""
         if self.is_new:
             self._pending.append(_line({"type": "session", "session_id": session_id, "version": TRANSCRIPT_VERSION}))
-        elif os.pread(self._fd, 1, size - 1) != b"\n":
+
+    def _end_last_line(self, fd: int, size: int) -> int:
+        """A file a crash cut: a last line that is a whole record but for its newline gets the newline;
+        a fragment (the load that preceded this resume reported it, and skipped it) is cut off, so
+        that later loads read the file whole rather than report the same old damage again. Returns
+        the file's size after."""
+        start = _last_line_start(fd, size)
+        fragment = os.pread(fd, size - start, start)
+        try:
+            whole = isinstance(json.loads(fragment), dict)
+        except (ValueError, RecursionError):
+            whole = False
+        if whole:
             self._pending.append(b"\n")
+            return size
+        os.ftruncate(fd, start)
+        return start
+
+    def _claim(self, fd: int, session_id: str, resumes: str | os.PathLike[str] | None) -> None:
+        """Lock the file for this log, then refuse it if it holds anything but this session resumed."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TranscriptInUse(str(self.path), stored_session_id(fd)) from None
+        if os.fstat(fd).st_size == 0:
+            return
+        stored = stored_session_id(fd)
+        # Resumed in place, a file whose first line is damaged is still this session's: its loading
+        # reported the damage, and found no other session to go on with.
+        if resumes is not None and stored in (session_id, None) and _same_file(fd, resumes):
+            return
+        raise TranscriptHoldsAnotherSession(str(self.path), stored)
 
     def append(self, message: TranscriptMessage | TombstoneEvent, *, held: bool = False) -> None:
         """Buffer one record: a transcript message, or the tombstone that retracts one.

@@ -6,6 +6,11 @@ here: a spilled result is named by a digest of its tool_use id (`spill_file_name
 cleaned to a safe stem (`safe_file_stem`), and `spill_path` checks the resolved path is inside the
 spill folder before anything is written. `write_spilled` writes without following a symlink planted
 at that name.
+
+A spill folder the runtime makes itself (`make_spill_folder`: a session without a folder of its own, an
+MCP server without `results_dir`) is its maker's to remove (`remove_spill_folder`) when what spilled into
+it ends: full tool outputs, megabytes of them, must not outlive the session or runtime that made them.
+A folder a host gave, or a durable session's (beside its transcript), is never removed.
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
+
+import trio
+from loguru import logger
 
 from queryloop.runtime.errors import QueryloopError
 
@@ -64,9 +74,42 @@ def spill_path(folder: Path, name: str) -> Path:
     return path
 
 
-def write_spilled(path: Path, text: str) -> None:
-    """Write `text` to `path` (its folder made if missing), never through a symlink at `path` (blocking)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_spilled(path: Path, text: str, *, make_folder: bool = True) -> None:
+    """Write `text` to `path`, never through a symlink at `path` (blocking).
+
+    `make_folder`: its folder (and those above) made if missing. False for a folder of
+    `make_spill_folder`, which exists until it is removed: a write that lands after the removal then
+    fails (`OSError`) instead of making the folder again, where nothing would ever remove it.
+    """
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as file:
         file.write(text)
+
+
+def make_spill_folder(prefix: str) -> Path:
+    """A new temporary folder (`tempfile.mkdtemp`: private to this user) with its `tool-results` folder
+    made, for its maker to remove with `remove_spill_folder` (blocking, but two small calls)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    (folder / "tool-results").mkdir()
+    return folder
+
+
+async def remove_spill_folder(folder: Path) -> None:
+    """Remove `folder` and everything in it, in a worker thread (a spill folder may hold megabytes, the
+    trio thread never waits on that), shielded: the removal is what a closing session or runtime waits
+    for, its own cancellation must not leave the folder half there. A failure is logged, not raised.
+
+    `shutil.rmtree` never follows a symlink found in the folder: it unlinks the link. Where it works
+    through file descriptors (`shutil.rmtree.avoids_symlink_attacks`, Linux) that holds even against a
+    folder swapped for a symlink during the walk; elsewhere only this user could swap one in, since
+    `mkdtemp` made the folder private to them.
+    """
+    with trio.CancelScope(shield=True):
+        try:
+            await trio.to_thread.run_sync(shutil.rmtree, folder)
+        except FileNotFoundError:
+            pass  # removed already: what was asked holds
+        except OSError as error:
+            logger.warning("the spill folder {} could not be removed: {}", folder, error)

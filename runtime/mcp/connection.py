@@ -50,6 +50,7 @@ from mcp_types import (
 from mcp_types import Tool as McpTool
 
 from queryloop.runtime.errors import McpRequestFailed, McpServerUnavailable
+from queryloop.runtime.loop.spill import remove_spill_folder
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
 from queryloop.runtime.mcp._support import CLIENT, describe, every_page, failure, prompt_argument
 from queryloop.runtime.mcp._watched import WatchedStream
@@ -119,10 +120,19 @@ class McpConnection:
         return self.tools
 
     def close(self) -> None:
-        """Close the connection for good (the runtime's close; trio thread): later calls are error results."""
+        """Close the connection for good (the runtime's close; trio thread): later calls are error results.
+
+        The temporary folder its large results were saved in (none when the server names a `results_dir`)
+        is removed by a task of the runtime's nursery, whose end waits for it: gone once the runtime is."""
         self._closed = True
         if self._link is not None:
             self._link.scope.cancel()
+        folder = self._results.close()
+        if folder is not None:
+            try:
+                self._nursery.start_soon(remove_spill_folder, folder)
+            except RuntimeError:  # the runtime's nursery has closed: nothing may run the removal now
+                self.log.warning("MCP server {}: its results folder {} is left on disk", self.name, folder)
 
     async def call(
         self, tool: str, arguments: dict[str, Any], context: ToolContext, max_chars: int | None = None

@@ -19,13 +19,16 @@ note: sent, it would make the API refuse the whole request, not just the image.
 
 An `isError` result's text is cut at `MAX_ERROR_CHARS`. Only the mapping of `content` to blocks is
 the SDK's; everything here is plain functions and one folder.
+
+The folder is the server's `results_dir` (the host's: kept) or a temporary one made at the first
+save, which the runtime removes when it closes its MCP connections (`LargeResults.close`).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,14 @@ from typing import Any
 import trio
 from loguru import logger
 
-from queryloop.runtime.loop.spill import UnsafeSpillPath, safe_file_stem, spill_file_name, spill_path, write_spilled
+from queryloop.runtime.loop.spill import (
+    UnsafeSpillPath,
+    make_spill_folder,
+    safe_file_stem,
+    spill_file_name,
+    spill_path,
+    write_spilled,
+)
 from queryloop.runtime.loop.tools import ToolOutput
 
 MAX_OUTPUT_TOKENS_ENV = "MAX_MCP_OUTPUT_TOKENS"
@@ -185,13 +195,28 @@ class LargeResults:
     """One server's results capped (`capped`): the folder a result over its size limit is saved in.
 
     `folder` is a directory whose `tool-results` folder takes the files (a session's `session_dir` has
-    the same layout, so the two may be one); None: a temporary directory, made at the first save.
+    the same layout, so the two may be one); None: a temporary directory, made at the first save and
+    handed to whoever closes this (`close`) for removal.
     """
 
     def __init__(self, server: str, folder: Path | None) -> None:
         self._server = server
         self._folder = None if folder is None else folder / "tool-results"
+        self._temporary: Path | None = None
+        """The temporary directory made here, until `close` hands it over; never the server's `results_dir`."""
+        self._made_here = False
+        self._closed = False
+        self._making = threading.Lock()
         self._log = logger.bind(mcp_server=server)
+
+    def close(self) -> Path | None:
+        """Save nothing from now on; the temporary directory made here (None if none was), for the caller
+        to remove (`remove_spill_folder`: in a worker thread). A save still running fails after it is gone
+        and its result is cut, as one that could not be saved: nothing makes the directory again."""
+        with self._making:  # held by a save only while it makes the directory: two small calls
+            self._closed = True
+            folder, self._temporary = self._temporary, None
+        return folder
 
     async def capped(self, output: ToolOutput, tool_use_id: str, declared: int | None) -> ToolOutput:
         """`output` within both limits (module docstring): saved and previewed, cut, or as it came."""
@@ -226,9 +251,17 @@ class LargeResults:
 
         The folder serves every session of the runtime (and maybe other runs), where tool_use ids need not
         be unique: a random part makes each name new."""
-        if self._folder is None:
-            stem = safe_file_stem(self._server)
-            self._folder = Path(tempfile.mkdtemp(prefix=f"queryloop-mcp-{stem}-")) / "tool-results"
-        path = spill_path(self._folder, spill_file_name(f"{tool_use_id}/{secrets.token_hex(8)}"))
-        write_spilled(path, text)
+        with self._making:  # saves run in worker threads, side by side: one temporary directory for them all
+            if self._folder is None:
+                if self._closed:  # a temporary directory made now would never be removed
+                    msg = f"MCP server {self._server}: its connection is closed"
+                    raise OSError(msg)
+                stem = safe_file_stem(self._server)
+                self._temporary = make_spill_folder(f"queryloop-mcp-{stem}-")
+                self._folder = self._temporary / "tool-results"
+                self._made_here = True
+            folder = self._folder
+        path = spill_path(folder, spill_file_name(f"{tool_use_id}/{secrets.token_hex(8)}"))
+        # The temporary directory's folder exists until it is removed, and is never made again after.
+        write_spilled(path, text, make_folder=not self._made_here)
         return path

@@ -50,6 +50,9 @@ log = logger.bind(actor="ray-driver")
 
 START_TIMEOUT_S = 120.0
 """How long `start` waits for its shards to be placed and running."""
+RESTART_WAIT_S = 60.0
+"""How long a lost shard is watched for Ray's restart of it before it counts as gone for good."""
+RESTART_POLL_S = 0.2
 
 
 def _directory(path: Path) -> Path:
@@ -360,12 +363,21 @@ class ShardedRuntime:
         return lost
 
     async def _watch_restart(self, state: _ShardState) -> None:
-        """A shard Ray restarts comes back empty: it takes new sessions again (a dead one never answers)."""
-        try:
-            info = await state.actor.info.remote()
-        except Exception:  # noqa: BLE001 - dead for good
-            self.log.bind(shard=state.index).info("shard {} is gone for good", state.index)
-            return
+        """A shard Ray restarts comes back empty: it takes new sessions again (a dead one never answers).
+
+        The first call may still reach the incarnation that just died (Ray not told yet) and fail at once:
+        the call is tried again, every `RESTART_POLL_S`, until `RESTART_WAIT_S` have passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESTART_WAIT_S
+        while True:
+            try:
+                info = await state.actor.info.remote()
+                break
+            except Exception:  # noqa: BLE001 - restarting, or dead for good
+                if self.closed or loop.time() > deadline:
+                    self.log.bind(shard=state.index).info("shard {} is gone for good", state.index)
+                    return
+                await asyncio.sleep(RESTART_POLL_S)
         if self.closed:
             return
         state.info, state.incarnation, state.alive = info, info["incarnation"], True
