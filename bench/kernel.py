@@ -28,7 +28,8 @@ import trio
 
 from bench.collector import in_turn
 from bench.profiling import RuntimeProfile, add_profile_argument
-from queryloop import Runtime, Supervisor, TrioActor
+from queryloop import Runtime
+from queryloop.lowlevel import Supervisor, TrioActor
 
 if TYPE_CHECKING:
     import argparse

@@ -14,8 +14,11 @@ tools, events and results, awaited from asyncio.
 See `queryloop.runtime.host.aio` for how events, aborts and asyncio tools cross between the loops.
 """
 
+from queryloop import _publish
 from queryloop.runtime.errors import RuntimeClosed
 from queryloop.runtime.host.aio import AsyncioQuery, AsyncioRuntime, AsyncioSession
 from queryloop.runtime.host.aio_bridge import AsyncioToolContext
 
 __all__ = ["AsyncioQuery", "AsyncioRuntime", "AsyncioSession", "AsyncioToolContext", "RuntimeClosed"]
+
+_publish(globals())

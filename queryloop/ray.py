@@ -16,6 +16,7 @@ except ImportError as _missing:
     _msg = "queryloop.ray needs Ray, the `ray` extra: pip install 'queryloop[ray]'"
     raise ImportError(_msg, name="ray") from _missing
 
+from queryloop import _publish
 from queryloop.runtime.errors import FactoryError, RemoteError, RuntimeClosed, ShardLost
 from queryloop.runtime.ray.query import RemoteQuery, RemoteSession
 from queryloop.runtime.ray.sharded import ShardedRuntime
@@ -31,3 +32,5 @@ __all__ = [
     "ShardLost",
     "ShardedRuntime",
 ]
+
+_publish(globals())

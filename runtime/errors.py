@@ -30,6 +30,9 @@ class NotInTrio(QueryloopError, RuntimeError):
         )
         self.entry = entry
 
+    def __reduce__(self) -> tuple[type[NotInTrio], tuple[str]]:
+        return type(self), (self.entry,)  # rebuilt from what `__init__` takes (it crosses Ray)
+
 
 class RuntimeClosed(QueryloopError, RuntimeError):
     """The runtime this call goes through has closed (or is closing, or its run ended): nothing more
@@ -52,6 +55,9 @@ class ActorCrashed(QueryloopError):
         self.actor = actor
         self.error = error
         self.__cause__ = error
+
+    def __reduce__(self) -> tuple[type[ActorCrashed], tuple[str, str, BaseException]]:
+        return type(self), (self.session_id, self.actor, self.error)  # rebuilt from what `__init__` takes
 
 
 class WorkCancelled(QueryloopError):

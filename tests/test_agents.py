@@ -20,12 +20,12 @@ from queryloop import (
     StopHookInput,
     SystemMessage,
     ToolContext,
-    TrioActor,
     UserMessage,
     load_transcript,
     tool,
-    transcript_problems,
 )
+from queryloop.lowlevel import TrioActor
+from queryloop.runtime.loop.transcript import transcript_problems
 from tests.agent_helpers import ByPrompt, agent_call
 from tests.helpers import text_reply, tool_use, tools_reply
 

@@ -12,19 +12,8 @@ import trio
 import trio.testing
 from pykka import ActorRef
 
-from queryloop import (
-    Abort,
-    AbortAck,
-    ActorCrashed,
-    BlockingCallOnTrioThread,
-    NotInSession,
-    Runtime,
-    SessionClosed,
-    Supervisor,
-    TrioActor,
-    TrioFuture,
-    WorkCancelled,
-)
+from queryloop import ActorCrashed, BlockingCallOnTrioThread, NotInSession, Runtime, SessionClosed, WorkCancelled
+from queryloop.lowlevel import Abort, AbortAck, Supervisor, TrioActor, TrioFuture
 
 
 class Recorder(TrioActor):

@@ -23,8 +23,9 @@ from tests.markdown import PAGES, README, REPO, Block, blocks, python_blocks, qu
 
 RUNNABLE = [block for page in PAGES for block in python_blocks(page) if block.runs]
 BLOCK_TIMEOUT_S = 120
-PUBLIC_MODULES = {"queryloop.aio"}
-"""Public modules besides `queryloop` itself: the asyncio facade, named so for asyncio hosts."""
+PUBLIC_MODULES = {"queryloop.aio", "queryloop.lowlevel", "queryloop.ray"}
+"""Public modules besides `queryloop` itself: the asyncio facade, the kernel for hosts that write actors, Ray
+shards (tests/test_exports.py checks each)."""
 ALLOWED_IMPORTS = {"queryloop", "trio", "asyncio", "pydantic", "loguru", "pathlib", "typing"}
 
 
@@ -104,7 +105,7 @@ def test_examples_import_only_the_public_api() -> None:
             deep = {module for module in modules if module.startswith("queryloop.") and module not in PUBLIC_MODULES}
             assert not outside, f"{block.name} imports {sorted(outside)}"
             assert not deep, (
-                f"{block.name} imports {sorted(deep)}: everything public is in `queryloop` (and `queryloop.aio`)"
+                f"{block.name} imports {sorted(deep)}: everything public is in `queryloop` and {sorted(PUBLIC_MODULES)}"
             )
     assert imported_modules(quick_start().code) <= {"queryloop", "trio", "pydantic"}
 

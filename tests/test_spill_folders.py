@@ -15,7 +15,8 @@ from typing import Any
 
 import trio
 
-from queryloop import AgentDefinition, McpStdioServer, QueryOptions, Runtime, ScriptedModel, TrioActor
+from queryloop import AgentDefinition, McpStdioServer, QueryOptions, Runtime, ScriptedModel
+from queryloop.lowlevel import TrioActor
 from queryloop.runtime.host.runtime import _session_dir
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.spill import remove_spill_folder, spill_file_name

@@ -5,7 +5,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from queryloop import ActorCrashed, Runtime, SessionClosed, TrioActor
+from queryloop import ActorCrashed, Runtime, SessionClosed
+from queryloop.lowlevel import TrioActor
 
 
 class Sleeper(TrioActor):

@@ -297,6 +297,8 @@ class BlockingRuntime:
 
 
 class BlockingSession:
+    """A `Session` seen from threads and sync code: each call runs on the runtime's trio thread and blocks."""
+
     def __init__(self, runtime: BlockingRuntime, session: Session) -> None:
         self._runtime = runtime
         self.session = session

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import traceback
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +108,19 @@ class Runtime:
         runtime 1.4× the throughput of `bench loops` and cut the abort p99 of `bench abort` by 30 % (medians
         against one untuned baseline, docs/collector.md; why: `queryloop.runtime.host._gc`). A host may instead
         set `gc.set_threshold(...)` itself.
+
+        Errors leave the block as themselves, never wrapped in the `ExceptionGroup` of the runtime's nursery:
+        what the block raises leaves as that very object, its traceback kept (a `ValueError` as itself, Ctrl+C
+        as `KeyboardInterrupt`, queryloop's errors as their classes of `queryloop.runtime.errors`), and so does
+        the `trio.Cancelled` of an enclosing scope, which `trio.move_on_after` around the block then catches.
+        Every session is closed first, whatever the block raised. If closing also fails meanwhile, neither is
+        lost: the block's exception leaves with the failure as a note, its traceback included, unless the
+        failure is no `Exception` (a `KeyboardInterrupt` while closing) or the block was only cancelled; then
+        the failure leaves, with the block's exception as its `__context__`. A task of the runtime that fails
+        while the block's exception propagates is noted on it the same way (or, a `KeyboardInterrupt`, leaves
+        with the block's exception as a note). When the block raised nothing (or was only cancelled, the
+        runtime's tasks having failed), one failure of the runtime's own tasks leaves as itself; several,
+        being independent of each other, leave as an `ExceptionGroup` of them.
         """
         if not trio.lowlevel.in_trio_run():
             raise NotInTrio("Runtime.open()")
@@ -123,6 +137,8 @@ class Runtime:
     @asynccontextmanager
     async def _open(cls, max_concurrent_model_calls: int | None, max_live_agents: int | None) -> AsyncIterator[Runtime]:
         runtime: Runtime | None = None
+        host_error: BaseException | None = None
+        leaving: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
                 runtime = cls(
@@ -130,24 +146,47 @@ class Runtime:
                 )
                 try:
                     yield runtime
-                finally:
-                    # Every running query is aborted and ends properly (its tool_uses answered, its result
-                    # sent) before the rest is cancelled; a session that does not settle in time is cut.
-                    with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
-                        for session in list(runtime._sessions.values()):
-                            await session.close()
-                        while runtime._detached:  # the StopFailure hooks those sessions' last queries started
-                            await runtime._detached_ended.park()
-                    for connection in runtime._mcp.values():
-                        connection.close()  # its task ends with the nursery: a stdio server is stopped and reaped
-                    # What did not settle in time is stopped now: its actors' work is cancelled, their
-                    # on_stop runs once it has unwound, which leaving the nursery waits for.
-                    for group in list(runtime._groups.values()):
-                        group.close_nowait()
-                    nursery.cancel_scope.cancel()
+                except BaseException as error:
+                    host_error = error
+                    try:
+                        await cls._close(runtime, nursery)
+                    except BaseException as failure:
+                        # An interrupt while closing, or a failure where the block was only cancelled (an outer
+                        # scope would swallow the Cancelled, and the failure with it): the failure goes on.
+                        if not isinstance(failure, Exception) or isinstance(error, trio.Cancelled):
+                            raise
+                        _attach(error, failure, "closing the runtime failed meanwhile")
+                    raise
+                await cls._close(runtime, nursery)
+        except BaseExceptionGroup as group:
+            leaving = _leaving(group, host_error)
         finally:
             if runtime is not None:
                 runtime._unbind()
+        if leaving is not None:
+            # Raised here, outside the handler: inside it, `leaving.__context__` would become the group that
+            # holds it, and the block's own exception would print twice.
+            raise leaving
+
+    @staticmethod
+    async def _close(runtime: Runtime, nursery: trio.Nursery) -> None:
+        """Leave `Runtime.open()`: every running query is aborted and ends properly (its tool_uses answered, its
+        result sent) before the rest is cancelled; a session that does not settle in time is cut."""
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
+                for session in list(runtime._sessions.values()):
+                    await session.close()
+                while runtime._detached:  # the StopFailure hooks those sessions' last queries started
+                    await runtime._detached_ended.park()
+        finally:
+            # Even when a session's close failed: what is left is stopped all the same.
+            for connection in runtime._mcp.values():
+                connection.close()  # its task ends with the nursery: a stdio server is stopped and reaped
+            # What did not settle in time is stopped now: its actors' work is cancelled, their
+            # on_stop runs once it has unwound, which leaving the nursery waits for.
+            for group in list(runtime._groups.values()):
+                group.close_nowait()
+            nursery.cancel_scope.cancel()
 
     def _unbind(self) -> None:
         """Drop the bound methods made once for the sessions (`__init__`): each refers back to this runtime, a
@@ -351,6 +390,54 @@ class Runtime:
     def _forget(self, supervisor: Supervisor) -> None:
         self._groups.pop(supervisor.session_id, None)
         self._sessions.pop(supervisor.session_id, None)
+
+
+def _leaving(group: BaseExceptionGroup[BaseException], host_error: BaseException | None) -> BaseException:
+    """What leaves `Runtime.open()` for the group its nursery raised (the rule: `Runtime.open`'s docstring).
+
+    `host_error` is what the block raised; it counts only if the nursery holds it as is. A block that was
+    cancelled because a task of the runtime failed raised the nursery's own `Cancelled`, which the nursery
+    absorbs: the failure is then the runtime's alone.
+    """
+    failures: list[BaseException] = []
+    for error in group.exceptions:
+        if error is host_error:
+            continue
+        rest = error.split(trio.Cancelled)[1] if isinstance(error, BaseExceptionGroup) else error
+        if rest is not None and not isinstance(rest, trio.Cancelled):
+            failures.append(rest)
+    if host_error is not None and any(error is host_error for error in group.exceptions):
+        if isinstance(host_error, trio.Cancelled):
+            if not failures:
+                return host_error
+            # Only cancelled (by an enclosing scope, which would swallow it): the failures go on, below.
+        elif all(isinstance(failure, Exception) for failure in failures):
+            for failure in failures:
+                _attach(host_error, failure, "a task of the runtime failed meanwhile")
+            return host_error
+        else:  # an interrupt in a task of the runtime goes on, and the block's exception with it
+            leaving = _failed(group, failures)
+            _attach(leaving, host_error, "the block raised meanwhile")
+            return leaving
+    if failures:
+        return _failed(group, failures)
+    # Only cancellations, all of one enclosing scope (the nursery absorbs its own): one stands for them all.
+    cancelled: BaseException = group
+    while isinstance(cancelled, BaseExceptionGroup):
+        cancelled = cancelled.exceptions[0]
+    return cancelled
+
+
+def _failed(group: BaseExceptionGroup[BaseException], failures: list[BaseException]) -> BaseException:
+    """The runtime's tasks' failures: one as itself, several (independent of each other) as a group of them."""
+    return failures[0] if len(failures) == 1 else group.derive(failures)
+
+
+def _attach(error: BaseException, failure: BaseException, what: str) -> None:
+    """Keep `failure` on the `error` that leaves instead, as a note with its traceback (not its `__context__`,
+    which is `error` itself when the failure happened while `error` propagated)."""
+    told = "".join(traceback.format_exception(failure, chain=False)).rstrip()
+    error.add_note(f"{what}:\n{told}")
 
 
 def _same_path(a: Path, b: Path) -> bool:

@@ -34,6 +34,8 @@ class HookDecision(BaseModel):
 
 
 class StopHookInput(BaseModel):
+    """What a stop hook (or a subagent stop hook) is given when its query is about to end."""
+
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     messages: list[TranscriptMessage]
@@ -49,6 +51,8 @@ class StopHookInput(BaseModel):
 
 
 class PostToolUseInput(BaseModel):
+    """What a PostToolUse hook is given once a tool has run: the call and its result."""
+
     model_config = ConfigDict(frozen=True)
 
     tool_name: str

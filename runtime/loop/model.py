@@ -110,6 +110,16 @@ class ModelError(QueryloopError):
         """The API's id of the failed request (its `request-id` header, or the error body's `request_id`): what
         Anthropic's support asks for. None where the error names none (a cut connection, a 413 from the edge)."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from what `__init__` takes (it crosses Ray, and into worker processes), its subclasses too.
+        keywords = {
+            "status": self.status,
+            "retry_after": self.retry_after,
+            "should_retry": self.should_retry,
+            "request_id": self.request_id,
+        }
+        return _rebuild_model_error, (type(self), self.kind, self.message, keywords)
+
     @property
     def retryable(self) -> bool:
         """Whether sending the same request again may succeed: the server's word if it gave one, else the kind's."""
@@ -260,3 +270,10 @@ def before_message_start(raw: Any, kind: Any, item: Any, held: list[Any]) -> Non
     elif kind != "ping":
         msg = f"malformed stream: {kind!r} before message_start"
         raise ModelError("api_error", msg)
+
+
+def _rebuild_model_error(
+    cls: type[ModelError], kind: ModelErrorKind, message: str, keywords: dict[str, Any]
+) -> ModelError:
+    """A pickled `ModelError` (or subclass) made again: `cls(kind, message, **keywords)`."""
+    return cls(kind, message, **keywords)

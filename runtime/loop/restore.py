@@ -67,6 +67,8 @@ class Sidechain:
 
 @dataclass(frozen=True, slots=True)
 class LoadedTranscript:
+    """A transcript file read back (`load_transcript`): its conversation, sidechains and what was wrong."""
+
     session_id: str | None
     """The stored session id; None if the file has no readable session record."""
     messages: list[TranscriptMessage]

@@ -404,12 +404,16 @@ def _globals_of(fn: object) -> dict[str, Any]:
 
 
 class Allow(BaseModel):
+    """`can_use_tool`'s answer letting the tool run, with `updated_input` in place of the model's if given."""
+
     model_config = ConfigDict(frozen=True)
     behavior: Literal["allow"] = "allow"
     updated_input: dict[str, Any] | None = None
 
 
 class Deny(BaseModel):
+    """`can_use_tool`'s answer refusing the tool: the model gets `message` as the tool's error result."""
+
     model_config = ConfigDict(frozen=True)
     behavior: Literal["deny"] = "deny"
     message: str

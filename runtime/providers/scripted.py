@@ -59,6 +59,8 @@ _STRICT = ConfigDict(extra="forbid")
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=_STRICT)
 class ScriptedUsage(Model):
+    """The `usage` a scripted reply reports (estimated from the request when a reply gives none)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
@@ -80,6 +82,8 @@ class ScriptedUsage(Model):
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=_STRICT)
 class ScriptedReply(Model):
+    """One scripted response: its content blocks, streamed as the Messages API streams them."""
+
     content: Blocks
     stop_reason: Literal[
         "end_turn", "tool_use", "max_tokens", "stop_sequence", "pause_turn", "refusal", "model_context_window_exceeded"
@@ -93,6 +97,8 @@ class ScriptedReply(Model):
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=_STRICT)
 class ScriptedError(Model):
+    """One scripted failure of a request: an API error, or a connection cut after `after_events` events."""
+
     error: Literal["prompt_too_long", "overloaded", "rate_limit", "api_error", "connection", "fallback", "image_size"]
     retry_after_s: float | None = None
     after_events: int = 0
