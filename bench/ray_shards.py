@@ -149,7 +149,7 @@ async def _sustain(sessions: list[Any], stop: asyncio.Event, starts: list[float]
     async def one(session: Any, start: float) -> None:
         await asyncio.sleep(start)  # the session's seeded start (see `_abort_round`), not a wait for a state
         while not stop.is_set():
-            await session.query(workload.PROMPT, events="result").result()
+            await session.query(workload.PROMPT, events="result").wait()
 
     await asyncio.gather(*(one(s, start) for s, start in zip(sessions, starts, strict=True)))
 
@@ -191,7 +191,7 @@ async def _aborts(rt: ShardedRuntime, samples: int) -> list[float]:
                 break
         start = time.perf_counter()
         query.abort()
-        await query.result()
+        await query.wait()
         times.append((time.perf_counter() - start) * 1000)
     await session.close()
     return times
@@ -219,7 +219,7 @@ async def _kill_round(rt: ShardedRuntime, args: argparse.Namespace, spec: dict[s
         try:
             resumed = await rt.resume(key, spec)
             resume_ms.append((time.perf_counter() - start) * 1000)
-            await resumed.query(workload.PROMPT, events="result").result()
+            await resumed.query(workload.PROMPT, events="result").wait()
         except (ShardLost, Exception):  # noqa: BLE001 - counted, not raised
             failed += 1
     return {
@@ -236,7 +236,7 @@ async def _outcome(session: Any, stop: asyncio.Event) -> float | None:
 
     try:
         while not stop.is_set():
-            await session.query(workload.PROMPT, events="result").result()
+            await session.query(workload.PROMPT, events="result").wait()
     except ShardLost:
         return time.perf_counter()
     return None

@@ -48,6 +48,7 @@ from queryloop.runtime.errors import (
     WorkCancelled,
 )
 from queryloop.runtime.host.blocking import BlockingQuery, BlockingRuntime, BlockingSession
+from queryloop.runtime.host.protocols import QueryView, SessionView, SyncQueryView, SyncSessionView
 from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
 from queryloop.runtime.kernel.messages import AbortReason
@@ -146,6 +147,7 @@ __all__ = [
     "QueryHandle",
     "QueryInProgress",
     "QueryOptions",
+    "QueryView",
     "QueryloopError",
     "ResultMessage",
     "ResultSubtype",
@@ -158,12 +160,15 @@ __all__ = [
     "ScriptedUsage",
     "Session",
     "SessionClosed",
+    "SessionView",
     "StopFailureHook",
     "StopFailureInput",
     "StopHook",
     "StopHookInput",
     "StreamEvent",
     "StreamRequestStart",
+    "SyncQueryView",
+    "SyncSessionView",
     "SystemMessage",
     "Terminal",
     "TerminalReason",

@@ -5,7 +5,7 @@
     async with ShardedRuntime.open(shards=4, factory="myapp.agents:options", transcript_dir="/shared/t") as rt:
         session = await rt.open_session({"task": "fix-1234"})
         async with session.query("Fix the bug", events="result") as query:
-            result = await query.result()
+            result = await query.wait()
 
 See `queryloop.runtime.ray` and docs/ray.md.
 """

@@ -1,15 +1,19 @@
-"""`EMPTY_LIST`, `EMPTY_DICT` and `EMPTY_SET`: one shared, unchangeable empty list, dict and set, for defaults.
+"""`EMPTY_LIST`, `EMPTY_DICT` and `EMPTY_SET`: one shared, unchangeable empty list, dict and set, for the
+runtime's own defaults.
 
-A model whose list and dict fields default to `Field(default_factory=list)` gets a fresh empty
-container per instance, and every one of them is a GC-tracked object for as long as the instance
-lives. `QueryOptions` has ten such fields and a session holds its options from open to close: ten
-objects per session, in flight for every loop a host runs (what the collector walks and promotes;
-docs/collector.md). These are the defaults instead: a `list`, a `dict` and a `set` (so `isinstance`, `==`,
-iteration, `len`, JSON and pydantic's serializers treat them as the empty containers they are) that
-refuse to change, since every default shares them. Copies (`copy`, `deepcopy`, pickling, Ray's
-cloudpickle) give the same shared object back. A field that is written to later starts as one of these
-where most instances never write to it, and is replaced by a container of its own at its first write
-(`field is EMPTY_LIST`: made now).
+An object the runtime keeps for as long as a loop is in flight (a turn, a query's run, the assembler of a
+response, a loop's sidechains, a group's children) would otherwise hold a fresh empty container per field,
+and every one of them is a GC-tracked object the collector walks and promotes while the loop lives
+(docs/collector.md). These are the defaults instead: a `list`, a `dict` and a `set` (so `isinstance`, `==`,
+iteration, `len`, JSON and pydantic's serializers treat them as the empty containers they are) that refuse
+to change, since every default shares them. Copies (`copy`, `deepcopy`, pickling, Ray's cloudpickle) give
+the same shared object back. A field that is written to later starts as one of these where most instances
+never write to it, and is replaced by a container of its own at its first write (`field is EMPTY_LIST`:
+made now).
+
+Inside the runtime only: what a user builds or holds (`QueryOptions`, a `QueryHandle`'s `transitions`,
+every class `queryloop` exports) has plain defaults, a fresh container per instance, which the user may
+change (docs/design.md, "The hot path", says what each use here saves).
 
 A layer of its own at the bottom, as `_records` is: it imports nothing of ours.
 """
@@ -80,15 +84,11 @@ EMPTY_SET = FrozenEmptySet()
 
 
 def empty_list() -> Any:
-    """`Field(default_factory=empty_list)`: the shared `EMPTY_LIST` (typed `Any`, to fit any `list[...]` field)."""
+    """`field(default_factory=empty_list)` of a runtime-internal dataclass: the shared `EMPTY_LIST` (typed
+    `Any`, to fit any `list[...]` field). Never the default of a model a user builds or holds."""
     return EMPTY_LIST
 
 
-def empty_dict() -> Any:
-    """`Field(default_factory=empty_dict)`: the shared `EMPTY_DICT`."""
-    return EMPTY_DICT
-
-
 def empty_set() -> Any:
-    """`field(default_factory=empty_set)`: the shared `EMPTY_SET`."""
+    """`field(default_factory=empty_set)` of a runtime-internal dataclass: the shared `EMPTY_SET`."""
     return EMPTY_SET

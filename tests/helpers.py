@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from loguru import logger
 
@@ -186,6 +187,19 @@ def count_size_measures(monkeypatch: Any) -> list[str]:
 
     monkeypatch.setattr(context, "_result_text", counting)
     return measured
+
+
+@contextmanager
+def hang_guard(seconds: float, what: str) -> Iterator[None]:
+    """Fail the test, naming `what`, if the block has not finished after `seconds` of trio's clock.
+
+    A bound against a hang, far above the block's usual time so that a loaded machine never trips it;
+    never a measure of speed (that is `bench/`'s). The block is cancelled at the bound; on a `MockClock`
+    the seconds are simulated."""
+    with trio.move_on_after(seconds) as scope:
+        yield
+    if scope.cancelled_caught:
+        pytest.fail(f"{what} had not finished after {seconds:g} s: a hang", pytrace=False)
 
 
 def logged_uuids(path: Path) -> set[str]:

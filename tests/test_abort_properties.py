@@ -35,13 +35,13 @@ answered once, and the conversation holds exactly the messages the consumer saw 
 tool_use the loop had not, which no abort answered).
 
 Profiles: `ci` (200 examples, the default), `nightly` (2,000) and `dev` (30); the environment
-variable `QUERYLOOP_HYPOTHESIS_PROFILE` picks one. They apply to this module's property tests
-only, so the other modules' hypothesis tests keep their own settings.
+variable `QUERYLOOP_HYPOTHESIS_PROFILE` picks one (`queryloop-abort-properties`, registered in
+`conftest.py`). They apply to this module's property tests only, so the other modules' hypothesis
+tests keep their own settings.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -49,7 +49,7 @@ from typing import Any, Literal
 import hypothesis
 import trio
 import trio.testing
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from queryloop import Runtime
@@ -78,10 +78,7 @@ from queryloop.runtime.providers.scripted import ScriptedModel
 
 # -- profiles -------------------------------------------------------------------------------
 
-settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("nightly", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-PROFILE = settings.get_profile(os.environ.get("QUERYLOOP_HYPOTHESIS_PROFILE", "ci"))
+PROFILE = settings.get_profile("queryloop-abort-properties")  # registered in conftest.py
 
 # -- the generated cases ----------------------------------------------------------------------
 

@@ -103,7 +103,7 @@ def test_a_query_streams_whole_with_the_same_events_as_on_trio(mode: Mode) -> No
             session = await rt.open_session(QueryOptions(provider=script(), tools=[Tool(name="add", call=add)]))
             query = session.query("What is 2 + 3?")
             labels = await labels_of(query)
-            result = await query.result()
+            result = await query.wait()
             await session.close()
             assert rt.open_sessions == 0
             return labels, query.terminal, result, rt.hops()
@@ -166,7 +166,7 @@ def test_a_thousand_concurrent_queries_complete_in_few_hops() -> None:
             async def one(i: int) -> str:
                 model = ScriptedModel([tools_reply(tool_use("t1", "echo")), text_reply(f"answer {i}")])
                 session = await rt.open_session(QueryOptions(provider=model, tools=[echo]))
-                result = await session.query(f"question {i}").result()
+                result = await session.query(f"question {i}").wait()
                 await session.close()
                 return result.result
 
@@ -195,7 +195,7 @@ async def assert_aborted_then_next(rt: AsyncioRuntime, session: AsyncioSession, 
     await query.aclose()  # it has ended: returns at once, with its terminal
     assert query.terminal is not None and query.terminal.reason == "aborted_tools"
     assert session.live_tasks() == 0
-    assert (await session.query("again").result()).result == "next"
+    assert (await session.query("again").wait()).result == "next"
     await session.close()
 
 
@@ -273,7 +273,7 @@ def test_query_abort_from_another_thread_ends_it_aborted_tools(mode: Mode) -> No
                         aborter.start()
                         aborter.join()
             assert query.terminal is not None and query.terminal.reason == "aborted_tools"
-            result = await query.result()
+            result = await query.wait()
             assert result.subtype == "error_during_execution" and blocker.cancelled == 1
             await assert_aborted_then_next(rt, session, query)
 
@@ -290,8 +290,8 @@ def test_abort_threadsafe_from_another_thread_returns_the_acks_and_ends_the_quer
                 async for event in query:
                     if event.label == "assistant":  # the tool_use block: the tool starts now
                         await blocker.running.wait()
-                        acks = await asyncio.to_thread(lambda: session.abort_threadsafe("user").result(LIMIT_S))
-                        assert len(acks) >= 1
+                        acked = await asyncio.to_thread(lambda: session.abort_threadsafe("user").result(LIMIT_S))
+                        assert acked >= 1
             assert query.terminal is not None and query.terminal.reason == "aborted_tools"
             assert blocker.cancelled == 1
             await assert_aborted_then_next(rt, session, query)
@@ -392,7 +392,7 @@ def test_the_hosts_permission_prompt_and_hooks_run_on_its_asyncio_loop(mode: Mod
             query = session.query("go")
             async with query:
                 events = [event async for event in query]
-            result = await query.result()
+            result = await query.wait()
         assert result.subtype == "success" and result.result == "done"
         assert {what for what, _, _ in ran} == {
             "can_use_tool",
@@ -432,7 +432,7 @@ def test_a_subagent_stop_hook_runs_on_the_hosts_asyncio_loop(mode: Mode) -> None
             async with query:
                 async for _ in query:
                     pass
-            result = await query.result()
+            result = await query.wait()
         assert result.subtype == "success" and result.result == "done"
         assert ran == [("reviewer", "asyncio", True)]
 
@@ -487,7 +487,7 @@ def test_a_trio_tool_stays_on_trio_under_the_asyncio_runtime() -> None:
         async with AsyncioRuntime.open() as rt:
             model = ScriptedModel([tools_reply(tool_use("t1", "nap")), text_reply("rested")])
             session = await rt.open_session(QueryOptions(provider=model, tools=[nap]))
-            return (await session.query("go").result()).result
+            return (await session.query("go").wait()).result
 
     assert run(main) == "rested"
 
@@ -513,7 +513,7 @@ def test_a_callback_that_raises_never_ends_the_trio_run() -> None:
             rt._bridge.to_trio(lambda: 1 / 0)
             rt._bridge.to_trio(lambda: (_ for _ in ()).throw(KeyboardInterrupt))
             session = await rt.open_session(QueryOptions(provider=ScriptedModel([text_reply("alive")])))
-            return (await session.query("still there?").result()).result
+            return (await session.query("still there?").wait()).result
 
     assert run(main) == "alive"
 
@@ -545,8 +545,8 @@ def test_a_runtime_spans_separate_runs_of_one_loop_as_notebook_cells_do() -> Non
         assert signal.getsignal(signal.SIGINT) is before  # the host's Ctrl+C handling is left alone
         model = ScriptedModel([text_reply("first"), text_reply("second")])
         session = loop.run_until_complete(rt.open_session(QueryOptions(provider=model)))
-        first = loop.run_until_complete(session.query("one").result())
-        second = loop.run_until_complete(session.query("two").result())
+        first = loop.run_until_complete(session.query("one").wait())
+        second = loop.run_until_complete(session.query("two").wait())
         assert (first.result, second.result) == ("first", "second")
         loop.run_until_complete(rt.aclose())
         assert not trio.lowlevel.in_trio_run()
@@ -561,7 +561,7 @@ def test_a_second_guest_on_one_loop_is_refused_and_a_thread_runtime_works_there(
                 await AsyncioRuntime.start()
             async with AsyncioRuntime.open(mode="thread") as second:
                 session = await second.open_session(QueryOptions(provider=ScriptedModel([text_reply("beside")])))
-                return (await session.query("hi").result()).result
+                return (await session.query("hi").wait()).result
 
     assert run(main) == "beside"
 

@@ -88,7 +88,7 @@ def test_an_asyncio_provider_streams_on_the_host_loop_with_the_same_events_as_on
             query = session.query("What is 2 + 3?")
             async with query:
                 labels = [event.label async for event in query]
-            result = await query.result()
+            result = await query.wait()
             await session.close()
             return labels, result, model, rt.host_tasks
 
@@ -117,7 +117,7 @@ def test_an_abort_mid_stream_cancels_the_asyncio_providers_task_on_the_host_loop
             assert model.closed is not None
             await model.closed.wait()  # the provider's own cleanup ran, on this loop
             assert model.cancelled
-            result = await query.result()
+            result = await query.wait()
             assert result.subtype == "error_during_execution"
             assert session.live_tasks() == 0
             await session.close()
@@ -152,7 +152,7 @@ def test_an_asyncio_providers_stream_runs_at_most_a_window_ahead_of_its_consumer
                     if isinstance(event, StreamEvent):
                         consumed += 1
                         await asyncio.sleep(0)
-            result = await query.result()
+            result = await query.wait()
         assert result.result == text
         assert model.yielded == consumed > deltas
         # In flight across the bridge, then the ModelCaller's buffer to the loop, the query's and the pump's.
@@ -177,7 +177,7 @@ def test_an_asyncio_providers_error_ends_the_query_as_on_trio(mode: Mode) -> Non
                 async for _ in query:
                     pass
             assert query.terminal is not None and query.terminal.reason == "model_error"
-            return await query.result()
+            return await query.wait()
 
     result = run(main)
     assert result.is_error and "the request is malformed" in (result.result or "")
@@ -190,7 +190,7 @@ def test_a_subagents_asyncio_provider_streams_on_the_host_loop() -> None:
         reviewer = AgentDefinition(description="Reviews one file", prompt="You review code.", provider=child)
         async with AsyncioRuntime.open() as rt:
             session = await rt.open_session(QueryOptions(provider=parent, agents={"reviewer": reviewer}))
-            result = await session.query("Review").result()
+            result = await session.query("Review").wait()
         assert result.subtype == "success" and result.result == "done"
         assert child.ran_on == [("asyncio", True)]
         tool_results = [b for b in parent.requests[1].messages[-1]["content"] if b.get("type") == "tool_result"]

@@ -134,13 +134,13 @@ def test_closing_the_asyncio_runtime_answers_every_waiting_task_with_its_aborted
         unread = (await rt.open_session(QueryOptions(provider=model))).query("nobody reads me before the close")
         answered = await rt.open_session(QueryOptions(provider=ScriptedModel([text_reply("in time")])))
         finished = answered.query("answered before the close")
-        await finished._wait_ended()  # ended, its events buffered, none read yet
+        await finished._stream.wait_ended()  # ended, its events buffered, none read yet
         running = asyncio.Event()
 
         async def consume(index: int, query: AsyncioQuery) -> Any:
             try:
                 if index % 2:
-                    return await query.result()
+                    return await query.wait()
                 last = None
                 async for event in query:
                     running.set()
@@ -160,7 +160,7 @@ def test_closing_the_asyncio_runtime_answers_every_waiting_task_with_its_aborted
         finished_events = [event async for event in finished]
         assert finished_events[0].label == "stream_request_start"
         assert isinstance(finished_events[-1], ResultMessage) and finished_events[-1].result == "in time"
-        assert (await finished.result()).result == "in time"
+        assert (await finished.wait()).result == "in time"
         with pytest.raises(RuntimeClosed):
             answered.query("after the close")
         with pytest.raises(RuntimeClosed):

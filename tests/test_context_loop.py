@@ -458,7 +458,7 @@ def test_the_asyncio_and_blocking_hosts_open_a_host_wide_budget_guard_too() -> N
             reasons: list[str] = []
             for opts in options():
                 query = (await rt.open_session(opts)).query("go")
-                await query.result()
+                await query.wait()
                 assert query.terminal is not None
                 reasons.append(query.terminal.reason)
             return reasons, before, await rt.host_cost_usd()

@@ -28,7 +28,7 @@ from queryloop.runtime.loop.disk import (
     is_disk_full,
     retry_while_full,
 )
-from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, UserMessage
+from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import TranscriptLog
 from queryloop.runtime.loop.restore import load_transcript
@@ -68,6 +68,22 @@ def disk_full(path: Path) -> Iterator[None]:
 def assert_in_file(event: QueryEvent, path: Path) -> None:
     if isinstance(event, TRANSCRIPT_TYPES):
         assert event.uuid in logged_uuids(path), f"{event!r} reached the consumer, its record did not reach the file"
+
+
+async def next_query_writes_what_was_buffered(session: Session, path: Path) -> list[TranscriptMessage]:
+    """With room again, the session's next query completes, its first write takes what a full disk left
+    buffered, and the file then holds the whole conversation in order. The session is closed after."""
+    third = session.query("Three")
+    await consumed(third, path)
+    assert third.result is not None
+    assert third.result.subtype == "success"
+    assert third.result.result == "Second."
+    transcript = await session.transcript()
+    await session.close()
+    loaded = load_transcript(path)
+    assert loaded.problems == []
+    assert loaded.messages == transcript
+    return transcript
 
 
 def test_the_waits_for_room_start_at_50_ms_double_up_to_2_s_and_add_up_to_the_bound() -> None:
@@ -292,16 +308,7 @@ async def test_a_disk_full_past_the_bound_ends_the_query_with_an_error_naming_th
         assert names_the_full_disk(result.errors, path)
         assert handle.abort_reason is None
         assert load_transcript(path).messages == kept  # its prompt is not in the file: it is still buffered
-        third = session.query("Three")  # room again: its prompt's write takes the buffered one first
-        await consumed(third, path)
-        assert third.result is not None
-        assert third.result.subtype == "success"
-        assert third.result.result == "Second."
-        transcript = await session.transcript()
-        await session.close()
-    loaded = load_transcript(path)
-    assert loaded.problems == []
-    assert loaded.messages == transcript
+        transcript = await next_query_writes_what_was_buffered(session, path)  # room again
     assert [m.content for m in transcript if isinstance(m, UserMessage)] == ["One", "Two", "Three"]
 
 
@@ -328,15 +335,7 @@ async def test_an_abort_while_the_loop_waits_for_room_ends_the_query_aborted_at_
         assert handle.terminal.reason == "aborted_streaming"
         assert names_the_full_disk(result.errors, path)  # its records are not in the file yet: it says so
         assert session.failure is None
-        third = session.query("Three")
-        await consumed(third, path)
-        assert third.result is not None
-        assert third.result.result == "Second."
-        transcript = await session.transcript()
-        await session.close()
-    loaded = load_transcript(path)
-    assert loaded.problems == []
-    assert loaded.messages == transcript
+        await next_query_writes_what_was_buffered(session, path)
 
 
 async def test_an_abort_that_ends_its_query_in_its_own_call_on_a_full_disk_keeps_the_records_for_the_next_write(
@@ -431,15 +430,7 @@ async def test_a_write_failing_for_a_reason_room_cannot_end_ends_the_query_at_on
         assert handle.result is not None
         assert handle.result.subtype == "error_during_execution"
         assert any(str(path) in error and "Bad file descriptor" in error for error in handle.result.errors)
-        third = session.query("Three")
-        await consumed(third, path)
-        assert third.result is not None
-        assert third.result.result == "Second."
-        transcript = await session.transcript()
-        await session.close()
-    loaded = load_transcript(path)
-    assert loaded.problems == []
-    assert loaded.messages == transcript
+        await next_query_writes_what_was_buffered(session, path)
 
 
 async def test_a_session_whose_transcript_cannot_be_written_does_not_open_and_leaves_nothing_open() -> None:

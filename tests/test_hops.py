@@ -109,7 +109,7 @@ async def test_an_abort_between_calls_cancels_the_waiting_model_caller_task_and_
             events.append(event)
             if isinstance(event, StreamEvent) and event.event["type"] == "message_stop" and not acks:
                 await trio.sleep(1)  # the tool runs; the ModelCaller's task waits for the next call
-                acks = await session.abort("user")
+                acks = await session.supervisor.abort("user")  # the kernel's acks, one per actor
         ran = await consume(session, handle, model)
         ran.events = events
         assert ran.reason == "aborted_tools"
@@ -131,7 +131,7 @@ async def test_a_session_that_never_compacts_or_summarizes_spawns_neither_and_an
         assert ran.reason == "completed"
         await assert_settled(ran)
         assert live_actor_names(session) == ["ModelCaller", "QueryLoop", "StreamingToolExecutor"]
-        acks = await session.abort("user")
+        acks = await session.supervisor.abort("user")  # the kernel's acks, one per actor
         assert sorted(ack.actor for ack in acks) == ["ModelCaller", "QueryLoop", "StreamingToolExecutor"]
 
 
@@ -175,7 +175,7 @@ async def test_an_abort_reaches_every_live_actor_those_spawned_on_first_need_inc
             elif isinstance(event, StreamEvent) and event.event["type"] == "message_stop" and not acks:
                 await trio.sleep(5)  # the second turn's tool runs, the first turn's summary is being made
                 live = live_actor_names(session)
-                acks = await session.abort("user")
+                acks = await session.supervisor.abort("user")  # the kernel's acks, one per actor
         ran = await consume(session, handle, model)
         ran.events = events
         assert before == ["ModelCaller", "QueryLoop", "StreamingToolExecutor"]

@@ -4,21 +4,20 @@ strings, floats; tool_use ids repeated) and random host-callback failures (raisi
 wrong type) through whole queries give 0 `ActorCrashed`, 0 negative costs and 0 leftover tasks.
 
 Bounded in CI (`QUERYLOOP_HYPOTHESIS_PROFILE`: `ci`, the default, 100 examples; `nightly` 2,000;
-`dev` 20), as the abort properties are.
+`dev` 20: the `queryloop-properties` profile of `conftest.py`), as the abort properties are.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import os
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, field_validator
 
@@ -28,7 +27,7 @@ from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.transcript import transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedReply, reply_events
 
-EXAMPLES = {"ci": 100, "nightly": 2000, "dev": 20}[os.environ.get("QUERYLOOP_HYPOTHESIS_PROFILE", "ci")]
+PROPERTIES = settings.get_profile("queryloop-properties")  # registered in conftest.py
 HANG_S = 3600.0
 """A query must end long before this (on the mock clock: retries' backoffs and timeouts jump it)."""
 
@@ -221,7 +220,7 @@ async def _run(server: HostileServer, host: Host, max_retries: int) -> Observed:
             return Observed(events, session.live_tasks(), problems)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@PROPERTIES
 @given(responses(), hosts, st.integers(0, 2))
 def test_every_query_ends_with_one_result_whatever_the_server_and_the_host_do(
     script: list[Events], host: Host, max_retries: int

@@ -31,43 +31,36 @@ from queryloop.runtime.providers.scripted import (
 )
 
 
-def test_default_lists_and_dicts_of_options_are_shared_and_read_as_empty() -> None:
-    one, other = QueryOptions(), QueryOptions()
-    assert one.tools is other.tools is EMPTY_LIST
-    assert one.agents is other.agents is EMPTY_DICT
-    assert one.tools == [] and one.stop_hooks == [] and one.user_context == {} and one.agents == {}
-    assert isinstance(one.tools, list) and isinstance(one.user_context, dict)
-    assert one.model_dump()["stop_hooks"] == [] and '"user_context":{}' in one.model_dump_json()
+def test_a_shared_empty_reads_as_the_empty_container_it_is() -> None:
+    assert EMPTY_LIST == [] and EMPTY_DICT == {} and set() == EMPTY_SET
+    assert isinstance(EMPTY_LIST, list) and isinstance(EMPTY_DICT, dict) and isinstance(EMPTY_SET, set)
+    assert not EMPTY_LIST and not EMPTY_DICT and not EMPTY_SET
 
 
-def test_a_shared_empty_default_refuses_every_change() -> None:
-    options = QueryOptions()
-    for change in (
-        lambda: options.tools.append(object()),  # type: ignore[arg-type]
-        lambda: options.stop_hooks.extend([]),
-        lambda: options.mcp_servers.insert(0, "x"),
-        lambda: options.user_context.update(a="b"),
-        lambda: options.agents.setdefault("x", None),  # type: ignore[arg-type]
-    ):
+def test_a_shared_empty_refuses_every_change() -> None:
+    shared_list: list[object] = EMPTY_LIST
+    shared_dict: dict[str, object] = EMPTY_DICT
+    changes: list[Callable[[], object]] = [
+        lambda: shared_list.append(object()),
+        lambda: shared_list.extend([]),
+        lambda: shared_list.insert(0, "x"),
+        lambda: shared_dict.update(a="b"),
+        lambda: shared_dict.setdefault("x", None),
+    ]
+    for change in changes:
         with pytest.raises(TypeError, match="shared empty default"):
             change()
     with pytest.raises(TypeError):
-        options.system_context["a"] = "b"
+        shared_dict["a"] = "b"
     with pytest.raises(TypeError):
-        options.mcp_servers += ["x"]  # type: ignore[misc]
+        shared_list += ["x"]
     assert EMPTY_LIST == [] and EMPTY_DICT == {}
 
 
-def test_shared_empty_defaults_stay_shared_through_copies_and_pickling() -> None:
-    options = QueryOptions()
+def test_shared_empties_stay_shared_through_copies_and_pickling() -> None:
     assert copy.copy(EMPTY_LIST) is EMPTY_LIST and copy.deepcopy(EMPTY_DICT) is EMPTY_DICT
     assert pickle.loads(pickle.dumps(EMPTY_LIST)) is EMPTY_LIST
     assert pickle.loads(pickle.dumps(EMPTY_DICT)) is EMPTY_DICT
-    assert copy.deepcopy(options).tools is EMPTY_LIST
-    # Options made again from their fields (a query's overrides) get lists of their own, as given ones do.
-    remade = QueryOptions.model_validate({**dict(options), "max_turns": 3})
-    assert remade.tools == [] and remade.tools is not EMPTY_LIST
-    assert type(remade.tools) is list
 
 
 def test_states_built_by_the_continue_sites_share_their_fields_sets() -> None:
@@ -196,7 +189,7 @@ async def test_a_closed_runtime_refuses_new_sessions_and_is_freed_without_the_co
         async with Runtime.open() as runtime:
             session = await runtime.open_session(QueryOptions(provider=workload.model(0), tools=workload.tools(0)))
             await session.query(workload.PROMPT).wait()
-        # The methods it bound once for its sessions are dropped at close: no cycle keeps it.
+        # It holds no bound method of itself, and its sessions are gone: no cycle keeps it.
         with pytest.raises(RuntimeClosed, match="runtime is closed"):
             await runtime.open_session(QueryOptions(provider=workload.model(0)))
         with pytest.raises(RuntimeClosed):

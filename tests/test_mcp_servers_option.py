@@ -152,7 +152,7 @@ def test_an_asyncio_host_opens_an_mcp_server_and_follows_its_tools(mode: Mode) -
             first = await rt.open_mcp("fx", growing("auto"))
             model = grow_then_shout()
             session = await rt.open_session(QueryOptions(provider=model, mcp_servers=["fx"]))
-            assert (await session.query("Grow").result()).result == "Grown."
+            assert (await session.query("Grow").wait()).result == "Grown."
             async with asyncio.timeout(WAIT_S):
                 now = await rt.mcp_tools_after("fx", first)
             assert "mcp__fx__shout" in {t.name for t in now} and rt.mcp_tools("fx") is now

@@ -61,108 +61,107 @@ from tests.helpers import (
 PRICE = Pricing(input=3.0, output=15.0, cache_write=3.75, cache_read=0.3)
 
 
-async def test_completed_after_a_tool_turn_reports_success_with_usage_cost_and_turns() -> None:
-    async with Runtime.open() as runtime:
-        ran = await run_query(
-            runtime,
-            [
-                tools_reply(
-                    tool_use("t1", "read", {"path": "a"}),
-                    text="Let me look.",
-                    usage={"input_tokens": 1000, "output_tokens": 100},
-                ),
-                text_reply("Fixed.", usage={"input_tokens": 2000, "output_tokens": 50}),
-            ],
-            tools=[scripted_tool("read", result="file text", safe=True)],
-            pricing=PRICE,
-        )
-        assert ran.reason == "completed"
-        assert ran.handle.transitions == ["next_turn"]
-        result = ran.handle.result
-        assert result is not None
-        assert (result.subtype, result.is_error, result.result, result.stop_reason) == (
-            "success",
-            False,
-            "Fixed.",
-            "end_turn",
-        )
-        assert result.num_turns == 2
-        assert (result.usage.input_tokens, result.usage.output_tokens) == (3000, 150)
-        assert result.total_cost_usd == pytest.approx((3000 * 3.0 + 150 * 15.0) / 1e6)
-        assert ran.tool_results()["t1"]["content"] == "file text"
-        assert ran.labels[0] == "stream_request_start"
-        await assert_settled(ran)
+async def test_completed_after_a_tool_turn_reports_success_with_usage_cost_and_turns(runtime: Runtime) -> None:
+    ran = await run_query(
+        runtime,
+        [
+            tools_reply(
+                tool_use("t1", "read", {"path": "a"}),
+                text="Let me look.",
+                usage={"input_tokens": 1000, "output_tokens": 100},
+            ),
+            text_reply("Fixed.", usage={"input_tokens": 2000, "output_tokens": 50}),
+        ],
+        tools=[scripted_tool("read", result="file text", safe=True)],
+        pricing=PRICE,
+    )
+    assert ran.reason == "completed"
+    assert ran.handle.transitions == ["next_turn"]
+    result = ran.handle.result
+    assert result is not None
+    assert (result.subtype, result.is_error, result.result, result.stop_reason) == (
+        "success",
+        False,
+        "Fixed.",
+        "end_turn",
+    )
+    assert result.num_turns == 2
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (3000, 150)
+    assert result.total_cost_usd == pytest.approx((3000 * 3.0 + 150 * 15.0) / 1e6)
+    assert ran.tool_results()["t1"]["content"] == "file text"
+    assert ran.labels[0] == "stream_request_start"
+    await assert_settled(ran)
 
 
-async def test_tool_starts_before_its_model_stream_ends(autojump_clock: trio.testing.MockClock) -> None:
+async def test_tool_starts_before_its_model_stream_ends(
+    autojump_clock: trio.testing.MockClock, runtime: Runtime
+) -> None:
     log = ToolLog()
-    async with Runtime.open() as runtime:
-        model = ScriptedModel([tools_reply(tool_use("t1", "probe"), text="Checking.", latency_ms=2000), text_reply()])
-        session = await open_session(runtime, model, tools=[scripted_tool("probe", log=log)])
-        seen_message_delta_at: list[float] = []
-        handle = session.query("go")
-        events = []
-        async for event in handle:
-            events.append(event)
-            if isinstance(event, StreamEvent) and event.event["type"] == "message_delta" and not seen_message_delta_at:
-                seen_message_delta_at.append(trio.current_time())
-        # Latency is split around the content: the block completes at 1 s, the stream ends at 2 s.
-        assert log.starts["t1"] == pytest.approx(1.0)
-        assert seen_message_delta_at[0] == pytest.approx(2.0)
-        assert log.ends["t1"] < seen_message_delta_at[0]
-        ran = await consume(session, handle, model)
-        ran.events = events
-        await assert_settled(ran)
+    model = ScriptedModel([tools_reply(tool_use("t1", "probe"), text="Checking.", latency_ms=2000), text_reply()])
+    session = await open_session(runtime, model, tools=[scripted_tool("probe", log=log)])
+    seen_message_delta_at: list[float] = []
+    handle = session.query("go")
+    events = []
+    async for event in handle:
+        events.append(event)
+        if isinstance(event, StreamEvent) and event.event["type"] == "message_delta" and not seen_message_delta_at:
+            seen_message_delta_at.append(trio.current_time())
+    # Latency is split around the content: the block completes at 1 s, the stream ends at 2 s.
+    assert log.starts["t1"] == pytest.approx(1.0)
+    assert seen_message_delta_at[0] == pytest.approx(2.0)
+    assert log.ends["t1"] < seen_message_delta_at[0]
+    ran = await consume(session, handle, model)
+    ran.events = events
+    await assert_settled(ran)
 
 
 async def test_concurrency_safe_tools_run_in_parallel_and_unsafe_tools_alone_in_order(
     autojump_clock: trio.testing.MockClock,
+    runtime: Runtime,
 ) -> None:
     log = ToolLog()
-    async with Runtime.open() as runtime:
-        ran = await run_query(
-            runtime,
-            [
-                tools_reply(
-                    tool_use("r1", "read"),
-                    tool_use("r2", "read"),
-                    tool_use("w1", "write"),
-                    tool_use("r3", "read"),
-                ),
-                text_reply(),
-            ],
-            tools=[
-                scripted_tool("read", latency=1.0, safe=True, log=log),
-                scripted_tool("write", latency=1.0, log=log),
-            ],
-        )
-        assert log.starts["r1"] == log.starts["r2"]  # safe neighbours together
-        assert log.starts["w1"] >= max(log.ends["r1"], log.ends["r2"])  # unsafe waits for them
-        assert log.starts["r3"] >= log.ends["w1"]  # and nothing behind it jumps the queue
-        # r1 and r2 start in the same scheduler tick, in whichever order trio runs that batch.
-        assert sorted(log.order[:2]) == ["r1", "r2"] and log.order[2:] == ["w1", "r3"]
-        await assert_settled(ran)
+    ran = await run_query(
+        runtime,
+        [
+            tools_reply(
+                tool_use("r1", "read"),
+                tool_use("r2", "read"),
+                tool_use("w1", "write"),
+                tool_use("r3", "read"),
+            ),
+            text_reply(),
+        ],
+        tools=[
+            scripted_tool("read", latency=1.0, safe=True, log=log),
+            scripted_tool("write", latency=1.0, log=log),
+        ],
+    )
+    assert log.starts["r1"] == log.starts["r2"]  # safe neighbours together
+    assert log.starts["w1"] >= max(log.ends["r1"], log.ends["r2"])  # unsafe waits for them
+    assert log.starts["r3"] >= log.ends["w1"]  # and nothing behind it jumps the queue
+    # r1 and r2 start in the same scheduler tick, in whichever order trio runs that batch.
+    assert sorted(log.order[:2]) == ["r1", "r2"] and log.order[2:] == ["w1", "r3"]
+    await assert_settled(ran)
 
 
-async def test_max_turns_emits_the_attachment_and_an_error_max_turns_result() -> None:
-    async with Runtime.open() as runtime:
-        ran = await run_query(
-            runtime,
-            [tools_reply(tool_use("t1", "read")), tools_reply(tool_use("t2", "read")), text_reply()],
-            tools=[scripted_tool("read", safe=True)],
-            max_turns=2,
-        )
-        assert ran.reason == "max_turns"
-        assert ran.handle.terminal is not None and ran.handle.terminal.turn_count == 3
-        attachment = next(e for e in ran.events if isinstance(e, AttachmentMessage))
-        assert attachment.attachment == {"type": "max_turns_reached", "maxTurns": 2, "turnCount": 3}
-        assert ran.tool_results().keys() == {"t1", "t2"}  # all tool results of the last turn collected
-        result = ran.handle.result
-        assert result is not None
-        assert (result.subtype, result.is_error) == ("error_max_turns", True)
-        assert result.errors == ["Reached maximum number of turns (2)"]
-        assert len(ran.model.requests) == 2
-        await assert_settled(ran)
+async def test_max_turns_emits_the_attachment_and_an_error_max_turns_result(runtime: Runtime) -> None:
+    ran = await run_query(
+        runtime,
+        [tools_reply(tool_use("t1", "read")), tools_reply(tool_use("t2", "read")), text_reply()],
+        tools=[scripted_tool("read", safe=True)],
+        max_turns=2,
+    )
+    assert ran.reason == "max_turns"
+    assert ran.handle.terminal is not None and ran.handle.terminal.turn_count == 3
+    attachment = next(e for e in ran.events if isinstance(e, AttachmentMessage))
+    assert attachment.attachment == {"type": "max_turns_reached", "maxTurns": 2, "turnCount": 3}
+    assert ran.tool_results().keys() == {"t1", "t2"}  # all tool results of the last turn collected
+    result = ran.handle.result
+    assert result is not None
+    assert (result.subtype, result.is_error) == ("error_max_turns", True)
+    assert result.errors == ["Reached maximum number of turns (2)"]
+    assert len(ran.model.requests) == 2
+    await assert_settled(ran)
 
 
 async def test_max_output_tokens_escalate_is_silent_and_retries_the_same_input() -> None:

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-# Read when Ray is imported: the node takes the loopback address, and every Ray server binds to it.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# tests/conftest.py sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before any module imports Ray: every Ray
+# server of these clusters then binds to the loopback address.
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'queryloop[ray]'")
 
 from queryloop import AssistantMessage, ResultMessage, StreamEvent, UserMessage  # noqa: E402
@@ -82,7 +82,7 @@ def test_sessions_are_placed_on_the_least_loaded_shard_and_stay_there(tmp_path: 
         assert [s["sessions"] for s in rt.shards] == [2, 2]
         assert len({s["pid"] for s in rt.shards}) == 2
         for text in ("one", "two"):
-            results = await asyncio.gather(*(s.query("hi", events="result").result() for s in sessions))
+            results = await asyncio.gather(*(s.query("hi", events="result").wait() for s in sessions))
             assert [r.result for r in results] == [text] * 4
         assert [s.shard for s in sessions] == [0, 1, 0, 1]
         await sessions[0].close()
@@ -134,16 +134,16 @@ def test_an_abort_from_the_driver_ends_the_remote_query_aborted_and_the_session_
         query = session.query("block")
         await until_tool_runs(query)
         query.abort()
-        result = await query.result()
+        result = await query.wait()
         assert query.terminal is not None and query.terminal.reason.startswith("aborted_")
         assert result.is_error
-        assert (await session.query("again", events="result").result()).result == "next"
+        assert (await session.query("again", events="result").wait()).result == "next"
 
         other = await rt.open_session({"kind": "block"}, key="by-session")
         running = other.query("block")
         await until_tool_runs(running)
         assert await other.abort() >= 1  # the shard's supervisor abort, acked by its actors
-        await running.result()
+        await running.wait()
         assert running.terminal is not None and running.terminal.reason.startswith("aborted_")
 
     sharded(tmp_path, main)
@@ -162,7 +162,7 @@ def test_an_aborted_query_ends_at_once_under_load_not_after_the_shipping_window(
 
         async def load(other: RemoteSession) -> None:
             while not stop.is_set():
-                await other.query("hi").result()
+                await other.query("hi").wait()
 
         loads = [asyncio.ensure_future(load(other)) for other in busy]
         try:
@@ -173,7 +173,7 @@ def test_an_aborted_query_ends_at_once_under_load_not_after_the_shipping_window(
                 start = loop.time()
                 query.abort()
                 async with asyncio.timeout(window_s / 2):
-                    result = await query.result()
+                    result = await query.wait()
                 assert loop.time() - start < window_s / 2
                 assert result.is_error
                 assert query.terminal is not None and query.terminal.reason.startswith("aborted_")
@@ -209,7 +209,7 @@ def test_leaving_the_block_or_dropping_the_query_aborts_it_on_the_shard(tmp_path
         del query
         gc.collect()
         await until(lambda: answered(dropped))  # the abort answered the blocked tool call
-        assert (await dropped.query("again", events="result").result()).result == "next"
+        assert (await dropped.query("again", events="result").wait()).result == "next"
 
     sharded(tmp_path, main)
 
@@ -221,13 +221,13 @@ def test_a_killed_shard_ends_its_queries_with_shard_lost_and_the_session_resumes
         victim = await rt.open_session({"kind": "block", "greet": True}, key="victim")
         survivor = await rt.open_session({"replies": ["still here"]})
         assert victim.shard != survivor.shard
-        assert (await victim.query("say hi", events="result").result()).result == "hi"  # a turn, then a blocked one
+        assert (await victim.query("say hi", events="result").wait()).result == "hi"  # a turn, then a blocked one
         query = victim.query("block")
         await until_tool_runs(query)
         pid = rt.shards[victim.shard]["pid"]
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(ShardLost):
-            await query.result()
+            await query.wait()
         with pytest.raises(ShardLost):
             victim.query("again")
         assert not rt.shards[victim.shard]["alive"]
@@ -236,8 +236,8 @@ def test_a_killed_shard_ends_its_queries_with_shard_lost_and_the_session_resumes
         conversation = await resumed.transcript()
         assert transcript_problems(conversation) == []
         assert isinstance(conversation[0], UserMessage) and conversation[0].content == "say hi"
-        assert (await resumed.query("go on", events="result").result()).result == "after the crash"
-        assert (await survivor.query("hi", events="result").result()).result == "still here"
+        assert (await resumed.query("go on", events="result").wait()).result == "after the crash"
+        assert (await survivor.query("hi", events="result").wait()).result == "still here"
 
     sharded(tmp_path, main)
 
@@ -247,16 +247,16 @@ def test_a_session_forked_on_another_shard_goes_on_from_its_conversation_and_lea
 ) -> None:
     async def main(rt: ShardedRuntime) -> None:
         original = await rt.open_session({"replies": ["first answer", "original goes on"]}, key="orig")
-        assert (await original.query("question one", events="result").result()).result == "first answer"
+        assert (await original.query("question one", events="result").wait()).result == "first answer"
         before = (tmp_path / "orig.jsonl").read_bytes()
         fork = await rt.fork("orig", "branch", {"replies": ["branch goes on"]})
         assert fork.shard != original.shard  # the least-loaded shard
         assert fork.key == "branch" and fork.id != original.id
-        assert (await fork.query("question two", events="result").result()).result == "branch goes on"
+        assert (await fork.query("question two", events="result").wait()).result == "branch goes on"
         texts = [m.model_dump()["content"] for m in await fork.transcript()]
         assert texts[0] == "question one" and texts[-2] == "question two"
         assert (tmp_path / "orig.jsonl").read_bytes() == before  # the original file is untouched
-        assert (await original.query("and on", events="result").result()).result == "original goes on"
+        assert (await original.query("and on", events="result").wait()).result == "original goes on"
         with pytest.raises(FileNotFoundError, match=r"no transcript nowhere\.jsonl"):
             await rt.fork("nowhere")
         with pytest.raises(ValueError, match="'branch' is already open"):
@@ -274,7 +274,7 @@ def test_a_shard_restarted_by_ray_comes_back_empty_says_so_and_takes_sessions_ag
         await until_tool_runs(query)
         os.kill(before["pid"], signal.SIGKILL)
         with pytest.raises(ShardLost):
-            await query.result()
+            await query.wait()
 
         async def back() -> bool:
             return bool(rt.shards[victim.shard]["alive"])
@@ -289,10 +289,10 @@ def test_a_shard_restarted_by_ray_comes_back_empty_says_so_and_takes_sessions_ag
             victim.query("again")  # the session was on the old incarnation: resume it
         resumed = await rt.resume("victim", {"replies": ["after the restart"]})
         assert resumed.id == victim.id and resumed.shard == other.shard  # not where it was lost
-        assert (await resumed.query("go on", events="result").result()).result == "after the restart"
+        assert (await resumed.query("go on", events="result").wait()).result == "after the restart"
         fresh = await rt.open_session({"replies": ["new"]})
         assert fresh.shard == victim.shard  # the restarted shard, empty, is the least loaded
-        assert (await fresh.query("hi", events="result").result()).result == "new"
+        assert (await fresh.query("hi", events="result").wait()).result == "new"
 
     sharded(tmp_path, main, max_restarts=1)
 
@@ -302,7 +302,7 @@ def test_a_factory_that_raises_gives_a_clear_error_on_open_session(tmp_path: Pat
         with pytest.raises(FactoryError, match=r"tests.ray_factory:options.*raised ValueError\('no such agent'\)"):
             await rt.open_session({"kind": "raise"})
         assert [s["sessions"] for s in rt.shards] == [0, 0]
-        assert (await (await rt.open_session()).query("hi", events="result").result()).result == "hello"
+        assert (await (await rt.open_session()).query("hi", events="result").wait()).result == "hello"
 
     sharded(tmp_path, main)
 

@@ -227,7 +227,7 @@ def test_a_stop_failure_hook_runs_on_the_asyncio_hosts_loop() -> None:
         options = QueryOptions(provider=model, max_retries=0, stop_failure_hooks=[page_someone])
         async with AsyncioRuntime.open() as rt:
             session = await rt.open_session(options)
-            assert (await session.query("go").result()).is_error
+            assert (await session.query("go").wait()).is_error
             await called.wait()
         return seen[0]
 

@@ -206,7 +206,7 @@ def test_structured_output_reaches_an_asyncio_host(mode: Mode) -> None:
             async with query:
                 async for _ in query:
                     pass
-            return await query.result()
+            return await query.wait()
 
     result = asyncio.run(main())
     assert result.subtype == "success" and result.structured_output == PARIS

@@ -3,13 +3,12 @@ from a conversation repaired completely (else `TranscriptDamaged` names the line
 loading decided is written back, so that every later load reads the same conversation.
 
 The property test is bounded as the others are (`QUERYLOOP_HYPOTHESIS_PROFILE`: `ci`, the default, 100
-examples; `nightly` 2,000; `dev` 20).
+examples; `nightly` 2,000; `dev` 20: the `queryloop-properties` profile of `conftest.py`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import tempfile
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queryloop import Runtime
@@ -43,7 +42,7 @@ from queryloop.runtime.loop.transcript import normalize_messages_for_api, transc
 from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.helpers import assert_settled, consume, scripted_tool, text_reply, tool_use, tools_reply
 
-EXAMPLES = {"ci": 100, "nightly": 2000, "dev": 20}[os.environ.get("QUERYLOOP_HYPOTHESIS_PROFILE", "ci")]
+PROPERTIES = settings.get_profile("queryloop-properties")  # registered in conftest.py
 GARBAGE = b'{"type": "user", "content": [{"ty\xff'
 """A line as a bad sector or a bad hand leaves it: not JSON."""
 
@@ -310,7 +309,7 @@ def surely_skipped(line: bytes) -> bool:
     return not isinstance(record, dict) or record.get("type") not in KINDS
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@PROPERTIES
 @given(transcripts(), st.booleans())
 def test_loading_never_raises_and_reports_every_line_it_skips(lines: list[bytes], ended: bool) -> None:
     with tempfile.TemporaryDirectory() as folder:

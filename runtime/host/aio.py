@@ -6,7 +6,7 @@
         async with query:                                # leaving early (or being cancelled) aborts it
             async for event in query:
                 print(event.label)
-        print(query.terminal.reason, (await query.result()).subtype)
+        print(query.terminal.reason, (await query.wait()).subtype)
 
 A thin layer over the trio `Runtime`, `Session` and `QueryHandle`, through `aio_bridge.Bridge`:
 
@@ -33,13 +33,11 @@ import asyncio
 import concurrent.futures
 import functools
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
-from loguru import logger
-
-from queryloop.runtime.errors import QueryloopError, RuntimeClosed, SessionClosed
+from queryloop.runtime.errors import RuntimeClosed, SessionClosed
 from queryloop.runtime.host.aio_bridge import Bridge, HostAttachmentSource, Mode, host_callback, host_tool
-from queryloop.runtime.host.aio_pipe import Pipe
+from queryloop.runtime.host.aio_pipe import Pipe, StreamedQuery
 from queryloop.runtime.host.aio_provider import HostModelProvider
 from queryloop.runtime.loop.agents import AgentDefinition
 from queryloop.runtime.loop.events import ResultMessage
@@ -50,13 +48,12 @@ from queryloop.runtime.loop.tools import Tool
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
     from pathlib import Path
-    from types import TracebackType
 
     from queryloop.runtime.host.runtime import Runtime
     from queryloop.runtime.host.session import Session
-    from queryloop.runtime.kernel.messages import AbortAck, AbortReason
+    from queryloop.runtime.kernel.messages import AbortReason
     from queryloop.runtime.loop.events import Block, QueryEvent, TranscriptMessage
-    from queryloop.runtime.loop.state import ContinueReason, Terminal
+    from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.mcp.elicitation import McpElicitation, McpElicitationAnswer
     from queryloop.runtime.mcp.servers import McpServer
 
@@ -310,8 +307,9 @@ class AsyncioSession:
         self._bridge.pipes.add(pipe)
         return AsyncioQuery(pipe)
 
-    async def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
-        """Abort the running query and every in-flight call and tool of the session; returns the acks."""
+    async def abort(self, reason: AbortReason = "user") -> int:
+        """Abort the running query and every in-flight call and tool of the session; returns how many actors
+        acknowledged it."""
         session = self.session
         return await self._bridge.acall(lambda: session.abort(reason))
 
@@ -319,7 +317,7 @@ class AsyncioSession:
         """`abort` without waiting for the acks; from any task or thread."""
         self._bridge.send(lambda: self.session.abort_nowait(reason))
 
-    def abort_threadsafe(self, reason: AbortReason = "user") -> concurrent.futures.Future[list[AbortAck]]:
+    def abort_threadsafe(self, reason: AbortReason = "user") -> concurrent.futures.Future[int]:
         """`abort` from any thread, not through the host's loop: the actors are told in the trio run's
         next tick (`abort_nowait`), then a task gathers their acks (a second `Abort`, idempotent)."""
         session = self.session
@@ -327,6 +325,10 @@ class AsyncioSession:
 
     async def transcript(self) -> list[TranscriptMessage]:
         return await self._bridge.acall(self.session.transcript)
+
+    async def sidechains(self) -> dict[str, Sidechain]:
+        """As `Session.sidechains`: the subagents' conversations, by agent id."""
+        return await self._bridge.acall(self.session.sidechains)
 
     def live_tasks(self) -> int:
         """Work tasks of the session still running (a snapshot in thread mode)."""
@@ -337,43 +339,10 @@ class AsyncioSession:
         await self._bridge.acall(self.session.close)
 
 
-class AsyncioQuery:
-    """A query's events: `async for event in query`; `await query.result()`; `query.terminal`;
+class AsyncioQuery(StreamedQuery[Pipe]):
+    """A query's events: `async for event in query`; `await query.wait()` (then `query.result`); `query.terminal`;
     `query.abort()` from any task or thread. `async with query:` aborts it when the block is left
-    early; a consumer cancelled while it waits for an event aborts it too."""
-
-    def __init__(self, pipe: Pipe) -> None:
-        self._pipe = pipe
-
-    @property
-    def terminal(self) -> Terminal | None:
-        """How the query ended (`reason`, `error`); None until the `result` was read, or the query ended unread."""
-        return self._pipe.terminal
-
-    @property
-    def transitions(self) -> list[ContinueReason]:
-        return self._pipe.transitions
-
-    @property
-    def done(self) -> bool:
-        """The `result` has been read (or the query ended after its consumer left)."""
-        return self._pipe.result is not None
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> QueryEvent:
-        pipe = self._pipe
-        buffer = pipe.buffer
-        while not buffer:
-            if pipe.over():
-                raise StopAsyncIteration
-            await self._arrival()
-        pipe.consumed += 1
-        event = buffer.popleft()
-        if type(event) is ResultMessage:
-            pipe.keep_result(event)
-        return event
+    early; a consumer cancelled while it waits for an event aborts it too (`aio_pipe.StreamedQuery`)."""
 
     async def next_batch(self) -> list[QueryEvent]:
         """Every event buffered now, waiting only if none is; [] once the stream has ended (as
@@ -387,99 +356,22 @@ class AsyncioQuery:
         them with `take_ready`: for a consumer that forwards events from a callback (a Ray shard),
         which costs no task step and no loop iteration per batch, as awaiting `next_batch` would.
         Events already buffered do not call it: call `take_ready` once after setting it."""
-        self._pipe.listener = listener
+        self._stream.listener = listener
 
     def take_ready(self) -> list[QueryEvent] | None:
         """Every event buffered now, without waiting: [] when none is, None once the stream has ended
         (its error, if it failed, raised once). The `result` is kept as `__anext__` keeps it."""
-        pipe = self._pipe
+        pipe = self._stream
         buffer = pipe.buffer
         if not buffer:
             if pipe.over():
                 return None
-            _wants_more(pipe)
+            pipe.ready_for_more()
             return []
         batch = list(buffer)
         buffer.clear()
         pipe.consumed += len(batch)
         if type(batch[-1]) is ResultMessage:
             pipe.keep_result(batch[-1])
-        _wants_more(pipe)
+        pipe.ready_for_more()
         return batch
-
-    async def _arrival(self) -> None:
-        """Until events arrive or the stream ends; a consumer cancelled meanwhile aborts the query."""
-        pipe = self._pipe
-        _wants_more(pipe)
-        waiter = pipe.waiter = pipe.bridge.loop.create_future()
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            pipe.leave("user")  # the consumer is cancelled: the query is aborted, now
-            raise
-        finally:
-            pipe.waiter = None
-
-    async def result(self) -> ResultMessage:
-        """Consume the remaining events and return the `ResultMessage`."""
-        async for _ in self:
-            pass
-        pipe = self._pipe
-        if pipe.result is None:
-            if pipe.gone and not pipe.ended:
-                await self._wait_ended()
-            if pipe.result is None:
-                if pipe.bridge.closing:  # a query the run's end cut short (it did not settle within the grace)
-                    raise RuntimeClosed("the asyncio runtime closed before the query ended: it has no result")
-                msg = "the query ended without a result (its consumer left before it ran)"
-                raise QueryloopError(msg)
-        return pipe.result
-
-    wait = result
-
-    def abort(self, reason: AbortReason = "user") -> None:
-        """Abort the query (if it still runs); from any task or thread. Its events go on to its result."""
-        pipe = self._pipe
-        pipe.bridge.send(lambda: pipe.abandon(reason))
-
-    async def aclose(self) -> None:
-        """Stop listening: a query still running is aborted (reason `user`); returns once it has ended
-        (its `terminal` is then known). The abort is handed over before anything is awaited."""
-        pipe = self._pipe
-        pipe.leave("user")
-        await self._wait_ended()
-
-    async def _wait_ended(self) -> None:
-        pipe = self._pipe
-        if not pipe.ended:
-            if pipe.end is None:
-                pipe.end = pipe.bridge.loop.create_future()
-            await asyncio.shield(pipe.end)  # a cancelled waiter leaves it to the next one (a shielded cleanup)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    def __del__(self) -> None:
-        # Dropped unread: that is the consumer leaving. A finalizer may run on any thread, at any
-        # moment: `leave` only queues the abort for the trio side.
-        pipe = getattr(self, "_pipe", None)
-        if pipe is not None and not pipe.ended and not pipe.gone:
-            try:
-                pipe.leave("user")
-            except Exception:  # noqa: BLE001 - a finalizer must not raise
-                logger.exception("abandoning a dropped query failed")
-
-
-def _wants_more(pipe: Pipe) -> None:
-    """`pipe.wants_more()` for a consumer about to wait. Its wake-up call to a parked pump is refused only when
-    the trio run has just ended (thread mode: the run's end not yet told on this loop): the pump has ended then,
-    and its `finish` (or `runtime_finished`), queued on this loop, ends the wait with the rest of the events."""
-    try:
-        pipe.wants_more()
-    except RuntimeClosed:
-        pass

@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from queryloop.runtime.host.session import QueryHandle, Session
-    from queryloop.runtime.kernel.messages import AbortAck, AbortReason
+    from queryloop.runtime.kernel.messages import AbortReason
     from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, TranscriptMessage
     from queryloop.runtime.loop.options import QueryOptions
+    from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.state import ContinueReason, Terminal
     from queryloop.runtime.loop.tools import Tool
     from queryloop.runtime.mcp.elicitation import ElicitationHandler, McpElicitation, McpElicitationAnswer
@@ -169,7 +170,7 @@ class BlockingRuntime:
             msg = "the blocking runtime has been closed: it is not running anything new"
             raise RuntimeClosed(msg)
 
-    def _query(self, session: Session, prompt: str, overrides: dict[str, Any]) -> BlockingQuery:
+    def _query(self, session: Session, prompt: str | list[Block], overrides: dict[str, Any]) -> BlockingQuery:
         self._refuse_when_closing()
         run = self._run
         assert run is not None
@@ -307,25 +308,30 @@ class BlockingSession:
     def id(self) -> str:
         return self.session.id
 
-    def query(self, prompt: str, **overrides: Any) -> BlockingQuery:
+    def query(self, prompt: str | list[Block], **overrides: Any) -> BlockingQuery:
         """Submit one user message (as `Session.query`); `RuntimeClosed` once the runtime's close has begun."""
         return self._runtime._query(self.session, prompt, overrides)  # noqa: SLF001 - the facade's own parts
 
-    def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
-        """Abort the running query; callable from any thread, at any moment."""
-        acks: list[AbortAck] = self._runtime.call(self.session.abort, reason)
-        return acks
+    def abort(self, reason: AbortReason = "user") -> int:
+        """Abort the running query; callable from any thread, at any moment. How many actors acknowledged it."""
+        acked: int = self._runtime.call(self.session.abort, reason)
+        return acked
 
     def transcript(self) -> list[TranscriptMessage]:
         messages: list[TranscriptMessage] = self._runtime.call(self.session.transcript)
         return messages
+
+    def sidechains(self) -> dict[str, Sidechain]:
+        """As `Session.sidechains`: the subagents' conversations, by agent id."""
+        found: dict[str, Sidechain] = self._runtime.call(self.session.sidechains)
+        return found
 
     def close(self) -> None:
         self._runtime.call(self.session.close)
 
 
 class BlockingQuery:
-    """Iterate for the events (blocking); then `terminal`, `result`, `transitions`.
+    """Iterate for the events (blocking); then `terminal`, `result`, `transitions`; `with query:` closes it.
 
     Iterating it after the runtime has closed still gives the rest of its events and its `result`
     (`BlockingRuntime`'s docstring says how).
@@ -373,12 +379,27 @@ class BlockingQuery:
             raise RuntimeClosed(msg)
         return result
 
+    def abort(self, reason: AbortReason = "user") -> None:
+        """Abort the query if it still runs; from any thread, returning at once (its events go on to its result)."""
+        if self._run.ended.is_set():
+            return
+        with contextlib.suppress(trio.RunFinishedError):  # the run has ended, and the query with it
+            self._run.token.run_sync_soon(self._handle.abort, reason)
+
     def close(self) -> None:
         """Stop listening; a query still running is aborted. Once the runtime has closed, nothing runs: a no-op."""
         if self._run.ended.is_set():
             return
         with contextlib.suppress(RuntimeClosed):  # the run ended meanwhile, and the query with it
             self._runtime.call(self._handle.aclose)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     @property
     def terminal(self) -> Terminal | None:
@@ -391,6 +412,10 @@ class BlockingQuery:
     @property
     def transitions(self) -> list[ContinueReason]:
         return self._handle.transitions
+
+    @property
+    def done(self) -> bool:
+        return self._handle.done
 
 
 def _threaded_elicitation(fn: Callable[[McpElicitation], McpElicitationAnswer]) -> ElicitationHandler:

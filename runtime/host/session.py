@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Self
 import trio
 
 from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, Refused, Settled, run_query
-from queryloop.runtime._frozen import EMPTY_LIST
 from queryloop.runtime.errors import QueryInProgress, SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, backoff_delays, is_disk_full
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
 
     from queryloop.actors.query_loop import QueryLoop
     from queryloop.runtime.errors import ActorCrashed
-    from queryloop.runtime.kernel.messages import AbortAck, AbortReason
+    from queryloop.runtime.kernel.messages import AbortReason
     from queryloop.runtime.kernel.supervisor import Supervisor
     from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.loop.restore import Sidechain
@@ -77,16 +76,30 @@ class QueryHandle:
         self._events = events
         self._control = control
         self._transcript = transcript
-        self.terminal: Terminal | None = None
-        self.transitions: list[ContinueReason] = EMPTY_LIST
-        """The query's continue reasons, in order, once it has ended (the shared empty list until then)."""
-        self.result: ResultMessage | None = None
+        self._terminal: Terminal | None = None
+        self._transitions: list[ContinueReason] = []
+        self._result: ResultMessage | None = None
         self._gave_up_on_disk = False
         """The disk stayed full past this handle's wait: its remaining events are handed out unwritten."""
 
     @property
+    def result(self) -> ResultMessage | None:
+        """The `ResultMessage`, once the consumer has taken it (None until then)."""
+        return self._result
+
+    @property
+    def terminal(self) -> Terminal | None:
+        """How the query ended (`reason`, `error`); None until its end was read."""
+        return self._terminal
+
+    @property
+    def transitions(self) -> list[ContinueReason]:
+        """The query's continue reasons, in order, once it has ended (an empty list of its own until then)."""
+        return self._transitions
+
+    @property
     def done(self) -> bool:
-        return self.result is not None
+        return self._result is not None
 
     @property
     def abort_reason(self) -> AbortReason | None:
@@ -185,27 +198,34 @@ class QueryHandle:
         if kind is dict:
             return stream_event(item)
         if kind is Settled:
-            self.terminal, self.transitions = item.terminal, item.transitions
+            self._terminal, self._transitions = item.terminal, item.transitions
             return None
         if kind is Refused:
             raise QueryInProgress(item.reason)
         if kind is ResultMessage:
-            self.result = item
+            self._result = item
         event: QueryEvent = item
         return event
 
     def _raise_failure(self) -> None:
         """At the end of the stream: a crash of the session's actors ends it, raised to the consumer."""
         failure = self._session.failure
-        if failure is not None and self.result is None:
+        if failure is not None and self._result is None:
             raise failure from None
 
     async def wait(self) -> ResultMessage:
         """Consume the remaining events and return the result."""
         async for _ in self:
             pass
-        assert self.result is not None
-        return self.result
+        assert self._result is not None
+        return self._result
+
+    def abort(self, reason: AbortReason = "user") -> None:
+        """Abort this query if it still runs (not a later one of the session); returns at once, its events then
+        going on to its result. On the trio thread (`BlockingQuery.abort` hands it there)."""
+        control = self._control
+        if self._result is None and not control.finished and control.abort_reason is None:
+            self._session.abort_nowait(reason)
 
     async def aclose(self) -> None:
         """Stop listening; a query still running is aborted (reason `user`)."""
@@ -313,10 +333,11 @@ class Session:
         self._loop.tell(run_query(prompt=prompt_message, options=options, sink=events, control=control))
         return handle
 
-    async def abort(self, reason: AbortReason = "user") -> list[AbortAck]:
-        """Abort the running query (if any) and every actor's in-flight work. Idempotent."""
+    async def abort(self, reason: AbortReason = "user") -> int:
+        """Abort the running query (if any) and every actor's in-flight work; returns how many actors acknowledged
+        it (their `AbortAck`s are `session.supervisor.abort`'s, the kernel's). Idempotent."""
         self._mark_aborted(reason)
-        return await self.supervisor.abort(reason)
+        return len(await self.supervisor.abort(reason))
 
     def abort_nowait(self, reason: AbortReason = "user") -> None:
         """`abort` without waiting for the actors' acks: for code that cannot await."""

@@ -8,7 +8,6 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
-from queryloop.runtime._frozen import empty_dict, empty_list
 from queryloop.runtime.loop.agents import (
     AGENT_TOOL_NAME,
     DEFAULT_MAX_AGENT_DEPTH,
@@ -62,8 +61,8 @@ class QueryOptions(BaseModel):
     system_prompt: str | None = None
     """Replaces the default system prompt when given."""
     append_system_prompt: str | None = None
-    user_context: dict[str, str] = Field(default_factory=empty_dict)
-    system_context: dict[str, str] = Field(default_factory=empty_dict)
+    user_context: dict[str, str] = Field(default_factory=dict)
+    system_context: dict[str, str] = Field(default_factory=dict)
     max_turns: int | None = Field(default=None, ge=1)
     max_budget_usd: float | None = Field(default=None, gt=0)
     token_budget: int | None = Field(default=None, ge=1)
@@ -88,25 +87,25 @@ class QueryOptions(BaseModel):
     """The API's `output_config.effort` for the query's calls ("low" … "max"; None: the model's default).
     The runtime's own small calls (summaries) and compaction calls are sent without it."""
     pricing: Pricing | None = None
-    tools: list[Tool] = Field(default_factory=empty_list)
-    mcp_servers: list[str] = Field(default_factory=empty_list)
+    tools: list[Tool] = Field(default_factory=list)
+    mcp_servers: list[str] = Field(default_factory=list)
     """MCP servers of the runtime, by their `open_mcp` name, whose tools join each query as the server
     lists them when the query starts (a server that says its tools changed is listed again)."""
     can_use_tool: CanUseTool | None = None
-    stop_hooks: list[StopHook] = Field(default_factory=empty_list)
-    subagent_stop_hooks: list[StopHook] = Field(default_factory=empty_list)
+    stop_hooks: list[StopHook] = Field(default_factory=list)
+    subagent_stop_hooks: list[StopHook] = Field(default_factory=list)
     """Claude Code's SubagentStop hooks: the stop hooks of every subagent's query (`StopHookInput.agent_id`
     and `agent_type` say which); a block sends the subagent back to work, a `prevent` ends it."""
     stop_hook_block_cap: int = Field(default=8, ge=0)
     """Stop-hook blocks in a row that are honoured; the next block is overridden and the query ends
     `completed`, with a `system` event `stop_hook_block_cap` and the warning in `result.errors`.
     0: no cap. Claude Code's `CLAUDE_CODE_STOP_HOOK_BLOCK_CAP`, whose default this is."""
-    post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=empty_list)
-    stop_failure_hooks: list[StopFailureHook] = Field(default_factory=empty_list)
+    post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
+    stop_failure_hooks: list[StopFailureHook] = Field(default_factory=list)
     """Told when a query (a subagent's too) ends on an API error instead of stop hooks running: a model error,
     a refusal, a cut-off or a prompt too long surfaced. Not awaited by the loop: they run in the runtime,
     whose close waits for them (up to its grace period)."""
-    attachment_sources: list[AttachmentSource] = Field(default_factory=empty_list)
+    attachment_sources: list[AttachmentSource] = Field(default_factory=list)
     memory_prefetch: MemoryPrefetch | None = None
     provider: Provider = None
     """The model provider (dependency injection); `Runtime.open_session` requires one."""
@@ -160,7 +159,7 @@ class QueryOptions(BaseModel):
     query ends `max_structured_output_retries`."""
 
     # -- subagents (runtime/loop/agents.py, docs/agents.md) --
-    agents: dict[str, AgentDefinition] = Field(default_factory=empty_dict)
+    agents: dict[str, AgentDefinition] = Field(default_factory=dict)
     """Subagents the model may start with the `Agent` tool (added to the tools when this is not empty)."""
     max_agent_depth: int = Field(default=DEFAULT_MAX_AGENT_DEPTH, ge=1, le=8)
     """How deep subagents nest: at 1 (the default, as Claude Code) a subagent has no agent tool itself."""

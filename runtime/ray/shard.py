@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from queryloop.runtime.host.aio import AsyncioQuery, AsyncioSession
     from queryloop.runtime.kernel.messages import AbortReason
     from queryloop.runtime.loop.events import TranscriptMessage
+    from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.ray.wire import Submission
 
 
@@ -290,6 +291,9 @@ class Shard:
     async def transcript(self, key: str) -> list[TranscriptMessage]:
         return await self._hosted(key).session.transcript()
 
+    async def sidechains(self, key: str) -> dict[str, Sidechain]:
+        return await self._hosted(key).session.sidechains()
+
     async def submit(self, submissions: list[Submission]) -> None:
         """Start the queries (in order); their events and ends go to their drivers' streams."""
         for submission in submissions:
@@ -376,10 +380,9 @@ class Shard:
             if running is not None:
                 self._aborted.add(running[0])
         try:
-            acked = await asyncio.wrap_future(hosted.session.abort_threadsafe(reason))
+            count = await asyncio.wrap_future(hosted.session.abort_threadsafe(reason))
         except RuntimeClosed:
             return 0  # the runtime is closing: its queries end aborted anyway
-        count = len(acked)
         self.log.bind(session=hosted.session.id).debug("aborted ({}): {} acks", reason, count)
         return count
 

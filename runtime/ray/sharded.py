@@ -224,7 +224,7 @@ class ShardedRuntime:
         self._sessions[key] = session
         try:
             opened = state.actor.open_session.remote(key, dict(spec), resume, fork_of)
-            session.id = await self._unwrap(state, key, opened)
+            session._id = await self._unwrap(state, key, opened)  # noqa: SLF001 - its id, once its shard has it
         except BaseException:
             state.sessions.pop(key, None)
             if self._sessions.get(key) is session:
