@@ -23,19 +23,26 @@ from queryloop.runtime.host.blocking import BlockingQuery, BlockingRuntime, Bloc
 from queryloop.runtime.host.protocols import QueryView, SessionView, SyncQueryView, SyncSessionView
 from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
+from queryloop.runtime.loop.agents import AgentDefinition
+from queryloop.runtime.loop.events import UserMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.providers.scripted import ScriptedModel
-from tests.helpers import text_reply
+from tests.agent_helpers import ByPrompt, agent_call
+from tests.helpers import text_reply, tools_reply
 
 if TYPE_CHECKING:
     from queryloop.runtime.ray.query import RemoteQuery, RemoteSession
+    from queryloop.runtime.ray.sharded import ShardedRuntime
 
 try:
     from queryloop.runtime.ray.query import RemoteQuery, RemoteSession
+    from queryloop.runtime.ray.sharded import ShardedRuntime
 except ImportError:  # the `ray` extra is not installed: the other hosts are still compared
     RAY: list[tuple[type, type]] = []
+    SHARDED: type[ShardedRuntime] | None = None
 else:
     RAY = [(RemoteQuery, QueryView), (RemoteSession, SessionView)]
+    SHARDED = ShardedRuntime
 
 QUERY_EXTRAS: dict[type, dict[str, str]] = {
     QueryHandle: {
@@ -261,4 +268,57 @@ def test_a_blocking_query_and_session_mean_by_each_word_what_the_protocol_says()
         assert session.query("two").wait().result == "second"
         assert session.abort() >= 3
         assert session.sidechains() == {}
+        session.close()
+
+
+RUNTIME_OPTIONS = ("max_concurrent_model_calls", "max_live_agents", "tune_gc")
+"""The options every in-process host passes to the `Runtime.open` it runs, with `Runtime.open`'s defaults."""
+
+
+def _keywords(fn: Any) -> dict[str, tuple[inspect._ParameterKind, Any, Any]]:
+    return {
+        p.name: (p.kind, p.default, p.annotation)
+        for p in inspect.signature(fn).parameters.values()  # follows `__wrapped__` past `asynccontextmanager`
+        if p.name != "self"
+    }
+
+
+def test_every_in_process_host_takes_runtime_opens_options_with_its_defaults() -> None:
+    want = _keywords(Runtime.open)
+    shared = {name: want[name] for name in RUNTIME_OPTIONS}
+    assert all(kind is inspect.Parameter.KEYWORD_ONLY for kind, _, _ in shared.values())
+    for host in (AsyncioRuntime.open, AsyncioRuntime.start, BlockingRuntime.__init__):
+        have = _keywords(host)
+        assert {name: have.get(name) for name in RUNTIME_OPTIONS} == shared, host.__qualname__
+
+
+def test_sharded_open_takes_exactly_starts_typed_parameters() -> None:
+    if SHARDED is None:
+        pytest.skip("the `ray` extra is not installed")
+    open_parameters = _keywords(SHARDED.open)
+    assert open_parameters == _keywords(SHARDED.start)
+    assert all(kind is not inspect.Parameter.VAR_KEYWORD for kind, _, _ in open_parameters.values())
+
+
+def test_a_blocking_runtimes_max_live_agents_refuses_an_agent_call_past_it_with_an_error_result() -> None:
+    reviewer = AgentDefinition(description="Reviews one file", prompt="You review code.")
+    provider = ByPrompt(
+        {"Review": [tools_reply(agent_call("call_a", "reviewer", "file a")), text_reply("Done.")], "file a": []}
+    )
+    options = QueryOptions(provider=provider, agents={"reviewer": reviewer})
+    with BlockingRuntime(max_live_agents=0) as runtime:
+        session = runtime.open_session(options)
+        with session.query("Review") as query:
+            events = list(query)
+        results = [
+            block
+            for event in events
+            if isinstance(event, UserMessage) and event.parent_tool_use_id is None and isinstance(event.content, list)
+            for block in event.content
+            if block.get("type") == "tool_result"
+        ]
+        assert query.result is not None and query.result.result == "Done."
+        assert len(results) == 1 and results[0]["is_error"]
+        assert "max_live_agents=0" in results[0]["content"]
+        assert provider.requests_of("file a") == []  # the subagent never ran
         session.close()

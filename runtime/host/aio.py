@@ -39,7 +39,7 @@ from queryloop.runtime.errors import RuntimeClosed, SessionClosed
 from queryloop.runtime.host.aio_bridge import Bridge, HostAttachmentSource, Mode, host_callback, host_tool
 from queryloop.runtime.host.aio_pipe import Pipe, StreamedQuery
 from queryloop.runtime.host.aio_provider import HostModelProvider
-from queryloop.runtime.loop.agents import AgentDefinition
+from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS, AgentDefinition
 from queryloop.runtime.loop.events import ResultMessage
 from queryloop.runtime.loop.model import runs_on_asyncio
 from queryloop.runtime.loop.options import QueryOptions
@@ -89,26 +89,43 @@ class AsyncioRuntime:
 
     @classmethod
     async def start(
-        cls, *, mode: Mode = "guest", max_concurrent_model_calls: int | None = None, tune_gc: bool = False
+        cls,
+        *,
+        mode: Mode = "guest",
+        max_concurrent_model_calls: int | None = None,
+        tune_gc: bool = False,
+        max_live_agents: int | None = DEFAULT_MAX_LIVE_AGENTS,
     ) -> AsyncioRuntime:
         """Start a runtime on the running asyncio loop and return it (close it with `aclose`).
 
         `mode="guest"` (the default) runs trio as a guest of this loop (`trio.lowlevel.start_guest_run`),
         on this thread; `mode="thread"` runs it on a thread of its own (for a host that already runs a
-        trio guest on this thread, or whose loop must not share its thread). The other arguments are
-        `Runtime.open`'s.
+        trio guest on this thread, or whose loop must not share its thread). The other arguments
+        (`max_concurrent_model_calls`, `tune_gc`, `max_live_agents`) are `Runtime.open`'s, passed to it.
         """
         bridge = Bridge(asyncio.get_running_loop(), mode)
-        await bridge.start(max_concurrent_model_calls=max_concurrent_model_calls, tune_gc=tune_gc)
+        await bridge.start(
+            max_concurrent_model_calls=max_concurrent_model_calls, tune_gc=tune_gc, max_live_agents=max_live_agents
+        )
         return cls(bridge)
 
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, *, mode: Mode = "guest", max_concurrent_model_calls: int | None = None, tune_gc: bool = False
+        cls,
+        *,
+        mode: Mode = "guest",
+        max_concurrent_model_calls: int | None = None,
+        tune_gc: bool = False,
+        max_live_agents: int | None = DEFAULT_MAX_LIVE_AGENTS,
     ) -> AsyncIterator[AsyncioRuntime]:
-        """`start` for the duration of the block; leaving it closes every session (see `aclose`)."""
-        runtime = await cls.start(mode=mode, max_concurrent_model_calls=max_concurrent_model_calls, tune_gc=tune_gc)
+        """`start` (same arguments) for the duration of the block; leaving it closes every session (see `aclose`)."""
+        runtime = await cls.start(
+            mode=mode,
+            max_concurrent_model_calls=max_concurrent_model_calls,
+            tune_gc=tune_gc,
+            max_live_agents=max_live_agents,
+        )
         try:
             yield runtime
         finally:

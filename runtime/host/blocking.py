@@ -16,8 +16,9 @@ from the runtime's own trio thread would deadlock, and raises instead.
 From asyncio, use `queryloop.aio.AsyncioRuntime` instead: each call here blocks the calling thread
 until the runtime answers, so inside a coroutine it stalls that event loop for as long.
 
-`BlockingRuntime(tune_gc=True)` opens its runtime with `Runtime.open(tune_gc=True)`: only
-for a host that owns its process (see `Runtime.open`).
+`BlockingRuntime(max_concurrent_model_calls=..., max_live_agents=..., tune_gc=...)` opens its runtime
+with `Runtime.open(...)` of the same arguments and defaults (see `Runtime.open`); `tune_gc=True` only
+for a host that owns its process.
 
 Closing answers every consumer (`BlockingRuntime.close`): a query running then ends aborted
 (`shutdown`) and its consumer gets the rest of its events and its `result`, whether it was blocked
@@ -37,6 +38,7 @@ import trio
 
 from queryloop.runtime.errors import BlockingCallOnTrioThread, QueryloopError, RuntimeClosed
 from queryloop.runtime.host.runtime import Runtime
+from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -83,8 +85,17 @@ class BlockingRuntime:
     consumers, keeps `close()` bounded (by `SHUTDOWN_GRACE_S`) however slowly its consumers drain.
     """
 
-    def __init__(self, *, tune_gc: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        max_concurrent_model_calls: int | None = None,
+        tune_gc: bool = False,
+        max_live_agents: int | None = DEFAULT_MAX_LIVE_AGENTS,
+    ) -> None:
+        """The arguments are `Runtime.open`'s, passed to it on each start."""
+        self._max_concurrent_model_calls = max_concurrent_model_calls
         self._tune_gc = tune_gc
+        self._max_live_agents = max_live_agents
         self._runtime: Runtime | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._run: _Run | None = None
@@ -112,7 +123,11 @@ class BlockingRuntime:
             self._token = trio.lowlevel.current_trio_token()
             self._run = _Run(self._token)
             self._stop = trio.Event()
-            async with Runtime.open(tune_gc=self._tune_gc) as runtime:
+            async with Runtime.open(
+                max_concurrent_model_calls=self._max_concurrent_model_calls,
+                tune_gc=self._tune_gc,
+                max_live_agents=self._max_live_agents,
+            ) as runtime:
                 self._runtime = runtime
                 self._ready.set()
                 await self._stop.wait()

@@ -144,9 +144,31 @@ class ShardedRuntime:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, **options: Any) -> AsyncIterator[ShardedRuntime]:
+    async def open(
+        cls,
+        *,
+        shards: int,
+        factory: str,
+        transcript_dir: str | Path,
+        ray_address: str | None = None,
+        ray_init: Mapping[str, Any] | None = None,
+        num_cpus_per_shard: float = 1,
+        batch_ms: float = 5.0,
+        max_buffered: int = 20_000,
+        max_restarts: int = 0,
+    ) -> AsyncIterator[ShardedRuntime]:
         """`start` (same arguments) for the duration of the block; leaving it closes the runtime."""
-        runtime = await cls.start(**options)
+        runtime = await cls.start(
+            shards=shards,
+            factory=factory,
+            transcript_dir=transcript_dir,
+            ray_address=ray_address,
+            ray_init=ray_init,
+            num_cpus_per_shard=num_cpus_per_shard,
+            batch_ms=batch_ms,
+            max_buffered=max_buffered,
+            max_restarts=max_restarts,
+        )
         try:
             yield runtime
         finally:
