@@ -301,10 +301,13 @@ class QueryLoop(QueryLoopContext):
             run.control.decided = True
             if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
                 if self.transcript is not None:
+                    # Before the result: a consumer that saw it can rely on the file. Past the bound for a full
+                    # disk the result is the disk's error (a success must not read as "all of it is in the file");
+                    # an abort that cuts the wait keeps the ending decided, its `errors` naming the disk.
                     try:
-                        await self.transcript.flush()  # before the result: a consumer that saw it can rely on the file
-                    except OSError as error:
-                        terminal = await self._room_before_result(run, terminal, error)
+                        await flush_for_room(run, self.transcript)
+                    except TranscriptUnwritable as unwritable:
+                        terminal = unwritable_terminal(str(unwritable))
                 settled = self._settle(run)
                 totals = settled if isinstance(settled, BudgetStatus) else await settled
                 self._send_outcome(run, terminal, terminal.turn_count or turns, totals)
@@ -339,17 +342,6 @@ class QueryLoop(QueryLoopContext):
         except TranscriptUnwritable as unwritable:  # the prompt's write, one before a request, or a continue site's
             return self._end_unwritable(run, str(unwritable)), run.turn_count
         return terminal, state.turn_count
-
-    async def _room_before_result(self, run: Run, terminal: Terminal, error: OSError) -> Terminal:
-        """The flush before the result failed: wait for room; past the bound the result is the disk's error
-        (a consumer must not read a success as "all of it is in the file"). An abort that cuts the wait keeps
-        the ending decided, its result's `errors` naming the disk (`_send_outcome`)."""
-        assert self.transcript is not None
-        try:
-            await wait_for_room(run, self.transcript, error, flush=True)
-        except TranscriptUnwritable as unwritable:
-            return unwritable_terminal(str(unwritable))
-        return terminal
 
     async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
         # Each step below that has nothing to do on most iterations is awaited only when it has: an

@@ -157,7 +157,7 @@ class Runtime:
             leaving = _leaving(group, host_error)
         finally:
             if runtime is not None:
-                runtime._unbind()
+                runtime._closed = True  # every later use raises `RuntimeClosed`
         if leaving is not None:
             # Raised here, outside the handler: inside it, `leaving.__context__` would become the group that
             # holds it, and the block's own exception would print twice.
@@ -182,16 +182,6 @@ class Runtime:
             for group in list(runtime._groups.values()):
                 group.close_nowait()
             nursery.cancel_scope.cancel()
-
-    def _unbind(self) -> None:
-        """Mark the runtime closed once its block has been left: every later use raises `RuntimeClosed`.
-
-        The runtime keeps no bound method of itself (no attribute to lose at close). Each session is given its
-        own, as it opens (its group's `on_closed`, its QueryLoop's `mcp_tools` and `detach`): they refer to the
-        runtime, which outlives its sessions, and the runtime lets go of a session when its group closes
-        (`_forget`), so they leave no cycle behind (measured: no cost per session, docs/design.md, "The hot
-        path")."""
-        self._closed = True
 
     @property
     def groups(self) -> Mapping[str, Supervisor]:

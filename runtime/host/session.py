@@ -22,7 +22,7 @@ import trio
 from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, Refused, Settled, run_query
 from queryloop.runtime.errors import QueryInProgress, SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, backoff_delays, is_disk_full
+from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, is_disk_full, retry_while_full
 from queryloop.runtime.loop.events import (
     Block,
     QueryEvent,
@@ -168,24 +168,30 @@ class QueryHandle:
         """The write before an event failed with `error`: return once the events may be handed out (written,
         or given up on: the class docstring); else raise `error` (or a retry's)."""
         supervisor = self._session.supervisor  # a closed (or crashed) session's log is closed: its records are lost
-        if (self._gave_up_on_disk or self._query_over()) and not supervisor.closed:
-            return  # the log keeps them buffered, first in line for the session's next write
-        if not is_disk_full(error) or supervisor.closed:
+        if supervisor.closed:
             raise error
+        if self._gave_up_on_disk or self._query_over():
+            return  # the log keeps them buffered, first in line for the session's next write
         control = self._control
-        for delay in backoff_delays(DISK_FULL_WAIT_S):
+
+        async def pause(delay: float) -> None:
             with trio.move_on_after(delay):
                 await control.wait_ended()  # woken at once when the query ends (the loop gave up, or an abort)
+
+        async def attempt() -> None:
             try:
                 transcript.write()
-            except OSError as failed:
+            except OSError:
                 if self._query_over() and not supervisor.closed:
-                    return
-                if not is_disk_full(failed):
-                    raise
-            else:
-                return
-        self._gave_up_on_disk = True
+                    return  # the query is over: what is left is handed out unwritten
+                raise
+
+        try:
+            await retry_while_full(attempt, error, bound_s=DISK_FULL_WAIT_S, pause=pause)
+        except OSError as failed:
+            if not is_disk_full(failed):
+                raise
+            self._gave_up_on_disk = True
 
     def _query_over(self) -> bool:
         """The loop will write nothing more of this query: its work is over, or its `result` is in the channel
