@@ -124,17 +124,18 @@ def test_mcp_tool_names_are_the_same_whatever_order_the_server_lists_them_in() -
 async def test_a_5_mb_result_is_saved_to_a_file_and_the_model_gets_a_preview_and_its_path(tmp_path: Path) -> None:
     async with Runtime.open() as runtime:
         tools = await runtime.open_mcp("fx", hostile(tmp_path))
-        ran = await ask(only(tools, "flood"), runtime, tool_use("f1", "mcp__fx__flood", {"chars": 5_000_000}))
-    content, is_error = result_of(ran, "f1")
+        ran = await ask(only(tools, "flood"), runtime, tool_use("fx-call", "mcp__fx__flood", {"chars": 5_000_000}))
+    content, is_error = result_of(ran, "fx-call")
     assert not is_error and isinstance(content, str)
     assert len(content) < 3_000, "the 5 MB result reached the consumer whole"
     assert content.startswith("<persisted-output>\nOutput too large (5000000 characters).")
     assert flood_text(2_000) in content
     path = saved_path(content)
     assert path.parent == (tmp_path / "tool-results").resolve()
-    assert "f1" not in path.name  # named by the project, never by an id from outside
+    # Named by the project, never by an id from outside (one that no hex digest can contain by chance).
+    assert "fx-call" not in path.name
     assert path.read_text() == flood_text(5_000_000)
-    assert sent_result(ran, "f1") == content
+    assert sent_result(ran, "fx-call") == content
 
 
 async def test_a_result_over_max_mcp_output_tokens_is_cut_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
