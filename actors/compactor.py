@@ -29,7 +29,7 @@ from __future__ import annotations
 import operator
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 from pykka import ActorDeadError
@@ -77,7 +77,6 @@ if TYPE_CHECKING:
 
     from queryloop.actors.budget_guard import BudgetGuard
     from queryloop.runtime.kernel._future import TrioFuture
-    from queryloop.runtime.kernel.supervisor import Supervisor
     from queryloop.runtime.loop.options import QueryOptions
 
 MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
@@ -286,11 +285,9 @@ class Compactor(TrioActor):
         super()._begin_stop(reply_to)
 
     async def _remove_own_folder(self, folder: Path) -> None:
-        with trio.CancelScope(shield=True):  # stopping cancels all work, this too: it must run whole
-            # A subagent's loop spills here too (`SessionDir`): its groups are closing with this one, and a
-            # write of theirs still in a thread would make the folder again after the removal.
-            for child in list(cast("Supervisor", self.supervisor).children):
-                await child.wait_closed()
+        # Stopping cancels all work, this too: it must run whole. It does not wait for the subagents' groups
+        # (shielded, that wait could hold the session's close forever when one of them waits on this group).
+        with trio.CancelScope(shield=True):
             await remove_spill_folder(folder)
 
     async def _prepare(self, request: Prepare) -> Prepared:
