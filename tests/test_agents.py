@@ -27,7 +27,7 @@ from queryloop import (
 from queryloop.lowlevel import TrioActor
 from queryloop.runtime.loop.transcript import transcript_problems
 from tests.agent_helpers import ByPrompt, agent_call
-from tests.helpers import text_reply, tool_use, tools_reply
+from tests.helpers import hang_guard, text_reply, tool_use, tools_reply
 
 REVIEWER = AgentDefinition(description="Reviews one file", prompt="You review code.")
 
@@ -198,6 +198,34 @@ async def test_aborting_the_parent_mid_fan_out_ends_every_child_with_nothing_run
         # Each child's tool_use was answered by its own ending, not by the loader's repair.
         answered = results_of(side.messages, of_parent=False)  # type: ignore[arg-type]
         assert answered["w"]["is_error"] is True and "Interrupted" in answered["w"]["content"]
+
+
+async def test_an_abort_at_any_step_of_a_subagents_start_ends_the_parent_and_closes_every_child(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The Agent tool asks the session's Compactor for its spill folder before it starts the child; an abort
+    # landing at that step (or any other) must not leave the call waiting for a child query never handed over.
+    for steps in range(0, 60, 2):
+        provider = ByPrompt(
+            {"Review": [fan_out("file a", "file b")], **{f"file {x}": [text_reply("ok")] for x in "ab"}}
+        )
+        async with Runtime.open() as runtime:
+            session = await runtime.open_session(QueryOptions(provider=provider, agents={"reviewer": REVIEWER}))
+            handle = session.query("Review")
+
+            async def abort_after(session: Session = session, steps: int = steps) -> None:
+                for _ in range(steps):
+                    await trio.lowlevel.checkpoint()
+                session.abort_nowait("user")
+
+            with hang_guard(60, f"the parent aborted after {steps} steps"):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(abort_after)
+                    result = await handle.wait()
+            assert result.subtype in {"success", "error_during_execution"}, steps
+            await assert_nothing_left(session)
+            assert runtime.agents.slots.live == 0
+            await session.close()
 
 
 async def test_a_child_over_budget_stops_the_parent_with_max_budget_usd() -> None:

@@ -59,6 +59,8 @@ from queryloop.runtime.loop.restore import Sidechain
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from queryloop.actors.query_loop.run import Run
     from queryloop.actors.query_loop.turn import QueryLoopTurns
     from queryloop.runtime.kernel._future import TrioFuture
@@ -166,17 +168,24 @@ class Subagents:
             known = ", ".join(options.agents)
             raise ToolError(f"Agent type '{args.subagent_type}' not found. Available agents: {known}")
         assert self._limiter is not None
+        # The parent session's folder (its spills' folder asked of its Compactor when it is a temporary one): the
+        # child's spills live and die with that session, not with this call. Asked before the child exists, so
+        # an abort during the ask leaves nothing to stop.
+        parent = self._parent
+        session_dir = parent._session_dir or await parent.compactor.ask(SESSION_DIR, block=False)  # noqa: SLF001
         async with self._limiter:
             slots = self._host.slots
             if not slots.try_acquire():
                 msg = f"too many subagents are running on this host (max_live_agents={slots.limit}); try again later"
                 raise ToolError(msg)
             try:
-                return await self._run_child(run, definition, args, ctx.tool_use_id)
+                return await self._run_child(run, definition, args, ctx.tool_use_id, session_dir)
             finally:
                 slots.release()
 
-    async def _run_child(self, run: Run, definition: AgentDefinition, args: AgentInput, tool_use_id: str) -> str:
+    async def _run_child(
+        self, run: Run, definition: AgentDefinition, args: AgentInput, tool_use_id: str, session_dir: Path
+    ) -> str:
         parent = self._parent
         options = child_options(run.options, definition)
         group = cast("Supervisor", parent.supervisor)
@@ -212,6 +221,7 @@ class Subagents:
         child.add_crash_listener(crashed)
         turn = run.turn
         channel = turn.channel if turn is not None else None  # the parent turn this call belongs to
+        handed_over = False  # the child's loop has the query: only then will its `control` end
         try:
             provider = options.provider
             executor = child.spawn(StreamingToolExecutor)
@@ -222,9 +232,7 @@ class Subagents:
                 executor=executor,
                 compact_provider=options.compact_provider or provider,
                 summary_provider=options.summary_provider or provider,
-                # The parent session's folder (its spills' folder asked of its Compactor when it is a temporary
-                # one): the child's spills live and die with that session, not with this call.
-                session_dir=parent._session_dir or await parent.compactor.ask(SESSION_DIR, block=False),  # noqa: SLF001
+                session_dir=session_dir,
                 ledger=BudgetLedger(agent_id=agent_id, above=above),
                 transcript=sidechain,
                 agents_host=self._host,
@@ -234,6 +242,7 @@ class Subagents:
                 detach=self._parent.detach,
             )
             loop.tell(RunQuery(prompt=UserMessage(content=args.prompt), options=options, sink=events, control=control))
+            handed_over = True
             result = await _relay(events, channel, tool_use_id)
             if child.failure is not None:
                 raise ToolError(f"the {args.subagent_type} agent crashed: {child.failure}")
@@ -241,7 +250,7 @@ class Subagents:
             _keep_sidechain(parent, Sidechain(agent_id, args.subagent_type, tool_use_id, conversation))
         finally:
             with trio.CancelScope(shield=True):
-                if not control.finished:  # cut short (an abort, a budget stop, a discarded response)
+                if handed_over and not control.finished:  # cut short (an abort, a budget stop, a discarded response)
                     control.request_abort("user")
                     await child.abort("user")
                     await control.wait_ended()
