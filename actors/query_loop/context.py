@@ -6,7 +6,6 @@ helper actor or a hook and applies a transition of `loop.state`.
 
 from __future__ import annotations
 
-from queryloop.actors.budget_guard import CheckTokenBudget
 from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded
 from queryloop.actors.query_loop.ending import QueryLoopEnding
@@ -59,7 +58,6 @@ from queryloop.runtime.loop.structured_output import (
     attempts_exhausted,
     exhausted_text,
 )
-from queryloop.runtime.loop.token_budget import TokenBudgetDecision
 from queryloop.runtime.loop.transcript import messages_after_compact_boundary
 
 
@@ -289,13 +287,7 @@ class QueryLoopContext(QueryLoopEnding):
         """Seed 003's gate: a meta nudge to go on, or None to stop (with its completion event)."""
         if run.options.token_budget is None:
             return None
-        decision: TokenBudgetDecision
-        if self.ledger is not None:
-            decision = self.ledger.check_token_budget(run.usage.output_tokens)
-        else:
-            decision = await self.budget_guard.ask(
-                CheckTokenBudget(global_turn_tokens=run.usage.output_tokens), block=False
-            )
+        decision = await self.accounts.check_token_budget(run.usage.output_tokens)
         if decision.action == "continue" and decision.nudge_message is not None:
             nudge = UserMessage(content=decision.nudge_message, is_meta=True)
             await self._emit(run, nudge)

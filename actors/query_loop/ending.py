@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetStatus, RecordUsage, SettleQuery
+from queryloop.actors.budget_guard import BudgetStatus
 from queryloop.actors.query_loop.messages import Settled
 from queryloop.actors.query_loop.run import Run, Turn, add_tool_results
 from queryloop.actors.query_loop.turn import QueryLoopTurns
@@ -96,9 +96,7 @@ class QueryLoopEnding(QueryLoopTurns):
             if not synced:
                 return  # its fsync goes to a worker thread: the loop's task awaits it, then sends the result
         totals = self._settle(run)
-        if isinstance(totals, BudgetStatus):
-            self._send_outcome(run, run.terminal, run.turn_count, totals)
-        elif totals.done():
+        if totals.done():  # else the loop's task awaits the guard's answer, then sends the result
             self._send_outcome(run, run.terminal, run.turn_count, totals.get_nowait())
 
     def _end_early(self, run: Run, turn: Turn | None, reason: Any) -> Terminal:
@@ -238,21 +236,13 @@ class QueryLoopEnding(QueryLoopTurns):
         helpers: list[TrioActorRef[Any]] = workers  # type: ignore[assignment]  # every helper is a TrioActor
         return [helper.ask(_STOP_HELPERS, block=False) for helper in helpers if helper.busy()]
 
-    def _settle(self, run: Run) -> BudgetStatus | TrioFuture[BudgetStatus]:
+    def _settle(self, run: Run) -> TrioFuture[BudgetStatus]:
         """The query's totals, the `unsettled` calls accounted first (summaries and compactions have
-        reported their cost already): from the ledger inline where no host budget is set, else asked
-        of the BudgetGuard, once (asked where no handler runs, the loop's task or `_end_now`, it answers
-        before `ask` returns)."""
-        ledger = self.ledger
-        if ledger is not None:
-            for model, usage in run.unsettled:
-                ledger.account(model, usage)
-            run.unsettled.clear()
-            return ledger.status()
+        reported their cost already), asked once of the accounts (asked where no handler runs, the loop's
+        task or `_end_now`, a BudgetGuard answers before `ask` returns; the ledger always has)."""
         if run.settling is None:
-            calls = [RecordUsage(model=model, usage=usage, query_usage=True) for model, usage in run.unsettled]
-            run.settling = self.budget_guard.ask(SettleQuery(calls=calls), block=False)  # type: ignore[assignment]
-        assert run.settling is not None
+            run.settling = self.accounts.settle(run.unsettled)
+            run.unsettled.clear()  # accounted by now (the guard's records were made in the call)
         return run.settling
 
     def _send_outcome(self, run: Run, terminal: Terminal, turn_count: int, totals: BudgetStatus) -> None:

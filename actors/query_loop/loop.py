@@ -40,12 +40,20 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BeginQuery, BudgetLedger, BudgetStatus
+from queryloop.actors.budget_guard import BudgetLedger
 from queryloop.actors.compactor import StageCollapse, context_config
+from queryloop.actors.query_loop.accounting import GuardAccounts, LedgerAccounts, QueryAccounts
 from queryloop.actors.query_loop.context import QueryLoopContext
 from queryloop.actors.query_loop.ending import unwritable_terminal
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, Refused, RunQuery
-from queryloop.actors.query_loop.run import BudgetExceeded, Run, TranscriptUnwritable, flush_for_room, wait_for_room
+from queryloop.actors.query_loop.run import (
+    BudgetExceeded,
+    Run,
+    TranscriptUnwritable,
+    Turn,
+    flush_for_room,
+    wait_for_room,
+)
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.errors import SessionClosed
@@ -77,7 +85,7 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
     from queryloop.actors.budget_guard import BudgetGuard
-    from queryloop.actors.model_caller import ModelCaller
+    from queryloop.actors.model_caller import CallEnded, ModelCaller
     from queryloop.actors.tool_executor import StreamingToolExecutor
     from queryloop.runtime.loop.hooks import StopFailureError
     from queryloop.runtime.loop.model import ModelProvider
@@ -137,7 +145,13 @@ class QueryLoop(QueryLoopContext):
         # A `budget_guard` (a host budget sits above the session: every call's cost must be reported) is
         # asked by message; without one the loop accounts inline and the guard is spawned on first need.
         self._budget_guard = budget_guard
-        self.ledger = (ledger or BudgetLedger()) if budget_guard is None else None
+        self.ledger = None
+        self.accounts: QueryAccounts
+        if budget_guard is None:
+            self.ledger = ledger or BudgetLedger()
+            self.accounts = LedgerAccounts(self.ledger)
+        else:
+            self.accounts = GuardAccounts(budget_guard)
         self._compactor = None
         self._summarizer = None
         self._compact_provider = compact_provider
@@ -271,23 +285,7 @@ class QueryLoop(QueryLoopContext):
         run = self._run
         assert run is not None
         try:
-            options = run.options
-            if self.ledger is not None:
-                self.ledger.begin_query(
-                    max_budget_usd=options.max_budget_usd,
-                    token_budget=options.token_budget,
-                    model=options.model,
-                    pricing=options.pricing,
-                )
-            else:
-                self.budget_guard.tell(
-                    BeginQuery(
-                        max_budget_usd=options.max_budget_usd,
-                        token_budget=options.token_budget,
-                        model=options.model,
-                        pricing=options.pricing,
-                    )
-                )
+            self.accounts.begin_query(run.options)
             self._record(prompt)  # written first thing in `_run_loop`
             if run.options.memory_prefetch is None:
                 terminal, turns = await self._run_loop(run)
@@ -308,8 +306,7 @@ class QueryLoop(QueryLoopContext):
                         await flush_for_room(run, self.transcript)
                     except TranscriptUnwritable as unwritable:
                         terminal = unwritable_terminal(str(unwritable))
-                settled = self._settle(run)
-                totals = settled if isinstance(settled, BudgetStatus) else await settled
+                totals = await self._settle(run)
                 self._send_outcome(run, terminal, terminal.turn_count or turns, totals)
             await self._stop_workers()  # before the stream ends: then no task of the session runs
         except SessionClosed:
@@ -344,6 +341,8 @@ class QueryLoop(QueryLoopContext):
         return terminal, state.turn_count
 
     async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
+        """The query's iterations, each read top to bottom: make the last turn durable, the context pipeline, the
+        model phase, then `_after_model`'s decisions, which end the query (a `Terminal`) or give the next State."""
         # Each step below that has nothing to do on most iterations is awaited only when it has: an
         # `async def` that returns at once still costs a coroutine (a thousand loops, a dozen a loop).
         while True:
@@ -356,69 +355,75 @@ class QueryLoop(QueryLoopContext):
                     return through, state
                 messages_for_query = through
             turn, messages_for_query = await self._model_phase(run, state, messages_for_query)
-            ended = turn.ended
-            if run.control.abort_reason is not None or ended is None:
-                if run.terminal is not None:  # the abort has ended the turn already, in its own call
-                    return run.terminal, state
-                return self._end_early(run, turn, abort_terminal(ended is not None, bool(turn.tool_ids))), state
-            # The previous batch's summary was made while this call streamed: collect it now.
-            if state.pending_tool_use_summary is not None:
-                await self._consume_summary(run, state.pending_tool_use_summary)
-            if ended.error is not None and ended.withheld is None:
-                return await self._model_error(run, turn, ended.error), state
-            if ended.error is not None and ended.withheld is not None:  # prompt too long: the 413 cascade
-                recovered = await self._retry_too_long(run, state, messages_for_query, turn, ended.withheld)
-                if isinstance(recovered, Terminal):
-                    return recovered, state
-                state = recovered
-                continue
-
-            if ended.stop_reason == "refusal":  # no fallback model took it (`_model_phase`)
-                return await self._refusal(run, turn, ended.stop_details), state
-            if ended.stop_reason == "pause_turn" and not turn.tool_ids:
-                # Not an end: the server paused a long server-tool turn. No stop hooks; the response goes back.
-                paused = await self._continue_paused(run, state, messages_for_query, turn)
-                if isinstance(paused, Terminal):
-                    return paused, state
-                state = paused
-                continue
-
-            if not turn.tool_ids:
-                if ended.withheld is not None:  # max_tokens or model_context_window_exceeded truncation
-                    retried = await self._recover_cut_off(run, state, messages_for_query, turn, ended)
-                    if isinstance(retried, Terminal):
-                        return retried, state
-                    if retried is not None:
-                        state = retried
-                        continue
-                    cut: StopFailureError = (
-                        "max_output_tokens" if ended.stop_reason == "max_tokens" else "invalid_request"
-                    )
-                    await self._surface_failure(run, ended.withheld, cut)
-                    return COMPLETED, state  # an API error never reaches stop hooks
-                after = await self._after_final_response(run, state, messages_for_query, turn)
-                if isinstance(after, Terminal):
-                    return after, state
-                state = after
-                continue
-
-            if turn.prevent_continuation:
-                return Terminal(reason="hook_stopped"), state
-            if run.structured is not None:
-                answered = self._settle_answer(run, turn)
-                if answered is not None:
-                    return answered, state
-            attachments = await self._attachments(run) if self._attachments_due(run) else []
-            if max_turns_reached(state.turn_count, run.options.max_turns):
-                return await self._max_turns(run, state), state
-            state = next_turn(
-                state,
-                [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments],
-                self._start_summary(run, turn),
-            )
+            step = await self._after_model(run, state, messages_for_query, turn)
+            if isinstance(step, Terminal):
+                return step, state
             # The turn's messages are in the state now: its own objects (lists, channel, the call's end) die
             # here, not when the next call returns, so a thousand loops in flight hold a turn each, not two.
-            del turn, ended, attachments
-            run.transitions.append("next_turn")
-            if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits, run.token_count):
-                self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
+            state = step
+            del turn, messages_for_query
+
+    async def _after_model(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+    ) -> Terminal | State:
+        """The decisions after a model call, in Claude Code's check order: an abort, a model error (the
+        prompt-too-long cascade), a refusal, a paused turn, then a response without tool use (its recoveries,
+        stop hooks) or with it (the next turn)."""
+        ended = turn.ended
+        if run.control.abort_reason is not None or ended is None:
+            if run.terminal is not None:  # the abort has ended the turn already, in its own call
+                return run.terminal
+            return self._end_early(run, turn, abort_terminal(ended is not None, bool(turn.tool_ids)))
+        # The previous batch's summary was made while this call streamed: collect it now.
+        if state.pending_tool_use_summary is not None:
+            await self._consume_summary(run, state.pending_tool_use_summary)
+        if ended.error is not None:
+            if ended.withheld is None:
+                return await self._model_error(run, turn, ended.error)
+            return await self._retry_too_long(run, state, messages_for_query, turn, ended.withheld)  # the 413 cascade
+        if ended.stop_reason == "refusal":  # no fallback model took it (`_model_phase`)
+            return await self._refusal(run, turn, ended.stop_details)
+        if ended.stop_reason == "pause_turn" and not turn.tool_ids:
+            # Not an end: the server paused a long server-tool turn. No stop hooks; the response goes back.
+            return await self._continue_paused(run, state, messages_for_query, turn)
+        if not turn.tool_ids:
+            return await self._after_final(run, state, messages_for_query, turn, ended)
+        return await self._after_tool_use(run, state, messages_for_query, turn)
+
+    async def _after_final(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn, ended: CallEnded
+    ) -> Terminal | State:
+        """A response without tool use: a cut-off one's recoveries, else the stop hooks' verdict."""
+        if ended.withheld is None:
+            return await self._after_final_response(run, state, messages_for_query, turn)
+        # max_tokens or model_context_window_exceeded truncation
+        retried = await self._recover_cut_off(run, state, messages_for_query, turn, ended)
+        if retried is not None:
+            return retried
+        cut: StopFailureError = "max_output_tokens" if ended.stop_reason == "max_tokens" else "invalid_request"
+        await self._surface_failure(run, ended.withheld, cut)
+        return COMPLETED  # an API error never reaches stop hooks
+
+    async def _after_tool_use(
+        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+    ) -> Terminal | State:
+        """A response with tool use, its tools done: a hook's stop, a structured answer, the turn cap, or the
+        next turn with the results (and the attachments due)."""
+        if turn.prevent_continuation:
+            return Terminal(reason="hook_stopped")
+        if run.structured is not None:
+            answered = self._settle_answer(run, turn)
+            if answered is not None:
+                return answered
+        attachments = await self._attachments(run) if self._attachments_due(run) else []
+        if max_turns_reached(state.turn_count, run.options.max_turns):
+            return await self._max_turns(run, state)
+        state = next_turn(
+            state,
+            [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments],
+            self._start_summary(run, turn),
+        )
+        run.transitions.append("next_turn")
+        if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits, run.token_count):
+            self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
+        return state

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetLedger, BudgetStatus, RecordSpend
+from queryloop.actors.budget_guard import BudgetLedger, BudgetStatus
 from queryloop.actors.compactor import SESSION_DIR
 from queryloop.actors.model_caller import ModelCaller
 from queryloop.actors.query_loop.messages import Forwarded, GetConversation, QueryControl, RunQuery
@@ -266,14 +266,10 @@ class Subagents:
 
     def _charge(self, run: Run, usage: Usage, cost: float) -> bool:
         """A child's priced call, counted as the parent query's; True when the parent's cap is reached."""
-        parent = self._parent
-        ledger = parent.ledger
-        if ledger is not None:
-            ledger.add(usage, cost)  # a parent that is itself a subagent reports it further up
-            exceeded = ledger.query_cap_reached()
+        answer = self._parent.accounts.charge_spend(usage, cost)
+        if answer.done():  # the parent's own ledger (which a grandparent's cap may fill): known now
+            exceeded = answer.get_nowait().exceeded
         else:  # a host budget: the parent's BudgetGuard counts it and reports it to the host's
-            spend = RecordSpend(usage=usage, cost_usd=cost)
-            asked = cast("TrioFuture[BudgetStatus]", parent.budget_guard.ask(spend, block=False))
 
             def answered(future: TrioFuture[BudgetStatus]) -> None:
                 try:
@@ -283,7 +279,7 @@ class Subagents:
                 if status.exceeded:
                     run.budget_exceeded = True
 
-            asked.add_done_callback(answered)
+            answer.add_done_callback(answered)
             exceeded = run.budget_exceeded
         if exceeded:
             run.budget_exceeded = True  # the parent stops at its next emission

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetGuard, BudgetLedger, BudgetStatus, RecordUsage
+from queryloop.actors.budget_guard import BudgetGuard, BudgetLedger
 from queryloop.actors.compactor import Compactor
 from queryloop.actors.model_caller import CallEnded, ConsumerGone, start_call
+from queryloop.actors.query_loop.accounting import QueryAccounts
 from queryloop.actors.query_loop.messages import Forwarded, RunQuery
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
@@ -74,8 +75,9 @@ class QueryLoopTurns(TrioActor):
     model_caller: ActorRef[ModelCaller]
     executor: ActorRef[StreamingToolExecutor]
     ledger: BudgetLedger | None
-    """The session's budget accounting, kept here (inline) where no host budget is set; else None and the
-    BudgetGuard, an actor from the start, is asked."""
+    """The session's budget ledger, kept here where no host budget is set; else None (the BudgetGuard's)."""
+    accounts: QueryAccounts
+    """What the loop asks of the books, inline or of the BudgetGuard (`accounting`)."""
     _budget_guard: ActorRef[BudgetGuard] | None
     _compactor: ActorRef[Compactor] | None
     _summarizer: ActorRef[HaikuSummarizer] | None
@@ -255,31 +257,31 @@ class QueryLoopTurns(TrioActor):
             for message in accept_result(run, turn, item):
                 await self._emit(run, message, of_turn=turn)
         elif kind is CallEnded:
-            usage = self._end_call(run, turn, item)
-            if usage is None:
-                return
-            ledger = self.ledger
-            if run.options.max_budget_usd is None and ledger is not None and ledger.above is None:
-                run.unsettled.append((run.model, usage))  # no cap to check: accounted once, when the query ends
-                return
-            if ledger is not None:  # capped by the query alone: checked here, inline
-                ledger.account(run.model, usage)
-                run.cost_usd, exceeded = ledger.query_cost_usd, ledger.query_cap_reached()
-            else:  # a host budget sits above the session: its BudgetGuard is asked
-                record = RecordUsage(model=run.model, usage=usage, query_usage=True)
-                try:
-                    status: BudgetStatus = await self.budget_guard.ask(record, block=False)
-                except WorkCancelled:
-                    if run.control.abort_reason is None:
-                        raise
-                    return  # the abort cut the host's answer: the call is recorded, the query ends aborted
-                run.cost_usd, exceeded = status.query_cost_usd, status.exceeded
-            if exceeded:
-                run.budget_exceeded = True
-                if not run.ending:
-                    raise BudgetExceeded
+            await self._charge_call(run, turn, item)
         elif kind is Forwarded:  # a subagent's event, tagged: to the consumer only (its own log has it)
             await self._emit(run, item.event, record=False)
+
+    async def _charge_call(self, run: Run, turn: Turn, ended: CallEnded) -> None:
+        """The call has ended: its usage to the query's accounts (kept for the end where no cap needs it now);
+        a cap reached ends the query (`BudgetExceeded`)."""
+        usage = self._end_call(run, turn, ended)
+        if usage is None:
+            return
+        accounts = self.accounts
+        if accounts.defers(run.options):
+            run.unsettled.append((run.model, usage))  # no cap to check: accounted once, when the query ends
+            return
+        try:
+            status = await accounts.charge(run.model, usage)
+        except WorkCancelled:  # a BudgetGuard's answer, cut by the abort
+            if run.control.abort_reason is None:
+                raise
+            return  # the call is recorded, the query ends aborted
+        run.cost_usd = status.query_cost_usd
+        if status.exceeded:
+            run.budget_exceeded = True
+            if not run.ending:
+                raise BudgetExceeded
 
     def _take_block(self, run: Run, turn: Turn, message: AssistantMessage) -> None:
         """A block's message, which the ModelCaller has given to the consumer already: the turn and the
