@@ -103,6 +103,29 @@ def maker(cls: type[R], *given: str) -> Callable[..., R]:
     return make
 
 
+def replacer(cls: type[R]) -> Callable[..., R]:
+    """A function `replace(old, **changes)` that does what `dataclasses.replace` does for a record of `cls`:
+    a new one with `old`'s fields, but those in `changes`. For a record remade once per loop iteration.
+
+    `dataclasses.replace` reads every field into a dict and calls the class (`type.__call__`, then
+    `__init__`'s keywords); this stores each slot at once, as `maker` does. Unknown fields raise TypeError.
+    """
+    fields = [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_builder": _builder(cls), "_names": set(fields)}
+    body = [f"    self.{name} = changes.get({name!r}, old.{name}) if changes else old.{name}" for name in fields]
+    source = (
+        "def replace(old, /, **changes):\n"
+        "    if not changes.keys() <= _names:\n"
+        "        raise TypeError(f'{_cls.__qualname__} has no field {sorted(changes.keys() - _names)}')\n"
+        "    self = _new(_builder)\n" + "\n".join(body) + "\n    self.__class__ = _cls\n    return self\n"
+    )
+    exec(source, namespace)  # generated from the class's own field names, as `maker` is
+    replace: Callable[..., R] = namespace["replace"]
+    replace.__qualname__ = f"replacer({cls.__qualname__})"
+    replace.__module__ = cls.__module__
+    return replace
+
+
 def keyword_maker(cls: Callable[P, R]) -> Callable[P, R]:
     """`cls(**fields)` as a plain function, with the same keywords, defaults and types: for the construction
     sites that run per call, per block or per tool.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import get_args
 
 import pytest
@@ -65,24 +66,24 @@ def test_max_output_tokens_does_not_escalate_when_escalated_limit_is_not_larger(
     assert max_output_tokens_action(state, max_output_tokens=LIMIT, escalated=LIMIT) == "recover"
     assert max_output_tokens_action(state, max_output_tokens=LIMIT, escalated=LIMIT - 1) == "recover"
     assert max_output_tokens_action(state, max_output_tokens=LIMIT, escalated=LIMIT + 1) == "escalate"
-    spent = state.model_copy(update={"max_output_tokens_recovery_count": MAX_OUTPUT_TOKENS_RECOVERY_LIMIT})
+    spent = dataclasses.replace(state, max_output_tokens_recovery_count=MAX_OUTPUT_TOKENS_RECOVERY_LIMIT)
     assert max_output_tokens_action(spent, max_output_tokens=LIMIT, escalated=LIMIT) == "surface"
 
 
 def test_max_output_tokens_does_not_escalate_again_when_an_override_is_set() -> None:
     for override in (ESCALATED, LIMIT, 1):
-        state = fresh().model_copy(update={"max_output_tokens_override": override})
+        state = dataclasses.replace(fresh(), max_output_tokens_override=override)
         assert action(state) == "recover"
         for count in range(MAX_OUTPUT_TOKENS_RECOVERY_LIMIT):
-            assert action(state.model_copy(update={"max_output_tokens_recovery_count": count})) == "recover"
-        spent = state.model_copy(update={"max_output_tokens_recovery_count": MAX_OUTPUT_TOKENS_RECOVERY_LIMIT})
+            assert action(dataclasses.replace(state, max_output_tokens_recovery_count=count)) == "recover"
+        spent = dataclasses.replace(state, max_output_tokens_recovery_count=MAX_OUTPUT_TOKENS_RECOVERY_LIMIT)
         assert action(spent) == "surface"
 
 
 def test_max_output_tokens_recovery_limit_is_three() -> None:
     assert MAX_OUTPUT_TOKENS_RECOVERY_LIMIT == 3
-    state = fresh().model_copy(update={"max_output_tokens_override": ESCALATED})
-    outcomes = [action(state.model_copy(update={"max_output_tokens_recovery_count": n})) for n in range(6)]
+    state = dataclasses.replace(fresh(), max_output_tokens_override=ESCALATED)
+    outcomes = [action(dataclasses.replace(state, max_output_tokens_recovery_count=n)) for n in range(6)]
     assert outcomes == ["recover", "recover", "recover", "surface", "surface", "surface"]
 
 

@@ -5,6 +5,7 @@ in one generator, actors without a stopped-flag object or a weakref."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -63,16 +64,15 @@ def test_shared_empties_stay_shared_through_copies_and_pickling() -> None:
     assert pickle.loads(pickle.dumps(EMPTY_DICT)) is EMPTY_DICT
 
 
-def test_states_built_by_the_continue_sites_share_their_fields_sets() -> None:
+def test_a_continue_site_builds_its_state_as_dataclasses_replace_would() -> None:
     first = initial_state([UserMessage(content="hi")])
     second = next_turn(first, [])
-    third = next_turn(second, [])
-    assert second.__pydantic_fields_set__ is third.__pydantic_fields_set__
-    assert second.model_fields_set >= {"messages", "turn_count", "transition"}
-    # pydantic's own copy copies the set before it adds to it: the shared one never changes.
-    copied = third.model_copy(update={"stop_hook_active": True})
-    assert "stop_hook_active" in copied.model_fields_set
-    assert copied.__pydantic_fields_set__ is not second.__pydantic_fields_set__
+    assert second == dataclasses.replace(
+        first, messages=[], turn_count=2, transition=second.transition, pending_tool_use_summary=None
+    )
+    assert not hasattr(second, "__dict__")  # a record: one object a State
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        second.turn_count = 3  # type: ignore[misc]
 
 
 def test_scripted_entries_are_slotted_and_still_validated() -> None:

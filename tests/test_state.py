@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,11 @@ def dirty_state() -> State:
         turn_count=4,
         transition=MaxOutputTokensRecovery(attempt=2),
     )
+
+
+def fields_of(state: State) -> dict[str, Any]:
+    """A State's fields as they are (not copied: `dataclasses.asdict` would copy the summary's stand-in)."""
+    return {field.name: getattr(state, field.name) for field in dataclasses.fields(state)}
 
 
 def uuids(messages: list[TranscriptMessage]) -> list[str]:
@@ -184,7 +190,7 @@ def test_stop_hook_blocking_resets_max_output_tokens_recovery_count_and_keeps_re
     answer = [assistant("a", "msg_2"), assistant("b", "msg_2")]
     errors = [user("lint failed", is_meta=True), user("tests failed", is_meta=True)]
     for guard in (True, False):
-        old = dirty_state().model_copy(update={"has_attempted_reactive_compact": guard})
+        old = dataclasses.replace(dirty_state(), has_attempted_reactive_compact=guard)
         new = stop_hook_blocking(old, query, answer, errors)
         assert new.max_output_tokens_recovery_count == 0
         assert new.has_attempted_reactive_compact is guard
@@ -213,7 +219,7 @@ def test_token_budget_continuation_resets_both_recovery_guards() -> None:
 
 
 def test_reactive_compact_retry_is_single_fire_and_clears_autocompact_tracking() -> None:
-    old = dirty_state().model_copy(update={"has_attempted_reactive_compact": False})
+    old = dataclasses.replace(dirty_state(), has_attempted_reactive_compact=False)
     compacted: list[TranscriptMessage] = [user("<summary>all of it</summary>")]
     new = reactive_compact_retry(old, compacted)
     assert new.has_attempted_reactive_compact is True  # a second 413 cannot compact again
@@ -254,7 +260,7 @@ def test_collapse_drain_retry_records_committed() -> None:
 
 
 def test_max_output_tokens_escalate_retries_same_input_with_escalated_limit() -> None:
-    old = dirty_state().model_copy(update={"max_output_tokens_override": None, "max_output_tokens_recovery_count": 0})
+    old = dataclasses.replace(dirty_state(), max_output_tokens_override=None, max_output_tokens_recovery_count=0)
     query: list[TranscriptMessage] = [user("write a long essay")]
     new = max_output_tokens_escalate(old, query, ESCALATED)
     assert new.max_output_tokens_override == ESCALATED
@@ -270,7 +276,7 @@ def test_max_output_tokens_escalate_retries_same_input_with_escalated_limit() ->
 
 
 def test_max_output_tokens_recovery_keeps_truncated_answer_and_escalated_limit() -> None:
-    state = dirty_state().model_copy(update={"max_output_tokens_recovery_count": 0})
+    state = dataclasses.replace(dirty_state(), max_output_tokens_recovery_count=0)
     query: list[TranscriptMessage] = [user("write a long essay")]
     for attempt in range(1, MAX_OUTPUT_TOKENS_RECOVERY_LIMIT + 1):
         truncated = [assistant(f"half of part {attempt}", f"msg_{attempt}")]
@@ -318,19 +324,19 @@ def test_every_continue_site_but_stop_hook_blocking_clears_stop_hook_active() ->
 def test_continue_sites_return_new_state_and_leave_old_untouched() -> None:
     for site, apply in SITES.items():
         old = dirty_state()
-        before = dict(old)
+        before = fields_of(old)
         messages_before = list(old.messages)
         new = apply(old)
         assert new is not old, site
         assert isinstance(new, State)
-        assert dict(old) == before, site
+        assert fields_of(old) == before, site
         assert old.messages == messages_before, site
         assert old.transition == MaxOutputTokensRecovery(attempt=2), site
         assert new.messages is not old.messages, site
     frozen = dirty_state()
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         frozen.turn_count = 9  # type: ignore[misc]
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         frozen.transition = NextTurn()  # type: ignore[misc]
     with pytest.raises(pydantic.ValidationError):
         CollapseDrainRetry(committed=1).committed = 2  # type: ignore[misc]
@@ -349,8 +355,10 @@ def test_state_defaults_describe_the_first_iteration() -> None:
 
 
 def test_state_and_continue_models_refuse_unknown_fields() -> None:
-    with pytest.raises(pydantic.ValidationError, match="turns"):
+    with pytest.raises(TypeError, match="turns"):
         State(messages=[], turns=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="turns"):
+        dataclasses.replace(dirty_state(), turns=3)  # type: ignore[call-arg]
     with pytest.raises(pydantic.ValidationError, match="attempt"):
         MaxOutputTokensRecovery()  # type: ignore[call-arg]
     with pytest.raises(pydantic.ValidationError, match="extra"):
@@ -370,8 +378,7 @@ def test_transition_is_a_discriminated_union_on_reason() -> None:
     assert isinstance(adapter.validate_python({"reason": "next_turn"}), NextTurn)
     with pytest.raises(pydantic.ValidationError):
         adapter.validate_python({"reason": "fallback"})  # the fallback retry is a bare continue, not a transition
-    state = State.model_validate({"messages": [], "transition": {"reason": "stop_hook_blocking"}})
-    assert state.transition == StopHookBlocking()
+    assert adapter.validate_python({"reason": "stop_hook_blocking"}) == StopHookBlocking()
 
 
 # -- properties ---------------------------------------------------------------------------
@@ -414,9 +421,9 @@ def test_stop_hook_blocking_preserves_reactive_guard_and_zeroes_recovery_for_any
 
 @given(states, st.sampled_from(list(SITES)))
 def test_only_next_turn_grows_the_turn_count_for_any_state(state: State, site: str) -> None:
-    before = dict(state)
+    before = fields_of(state)
     new = SITES[site](state)
     assert new.turn_count == state.turn_count + (1 if site == "next_turn" else 0)
     assert new.transition is not None
     assert new.transition.reason == site
-    assert dict(state) == before  # the old state is untouched
+    assert fields_of(state) == before  # the old state is untouched

@@ -39,6 +39,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from queryloop.runtime._records import record, replacer
 from queryloop.runtime.loop.events import AssistantMessage, TranscriptMessage, UserMessage
 
 MAX_OUTPUT_TOKENS_RECOVERY_LIMIT = 3
@@ -155,15 +156,15 @@ class AutoCompactTracking(_Frozen):
     compactions: int = 0
 
 
-class State(_Frozen):
-    """What one iteration hands to the next (seed 001's fields).
+@record
+class State:
+    """What one iteration hands to the next (seed 001's fields): an internal record, built by the continue
+    sites below from parts already valid (no validation, one object a State).
 
     `toolUseContext`, the one field the reference mutates inside an iteration, is
     the QueryLoop's per-query context instead (current model, tools, abort), so
     that a fallback can switch the model while this State stays the same object.
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     messages: list[TranscriptMessage]
     auto_compact_tracking: AutoCompactTracking | None = None
@@ -186,40 +187,11 @@ class State(_Frozen):
 
 def initial_state(messages: list[TranscriptMessage]) -> State:
     """The first iteration's `State` of a query over `messages` (the loop's own list, not copied)."""
-    return _built({**_INITIAL, "messages": messages}, _INITIAL_FIELDS)
+    return State(messages=messages)
 
 
-def _evolve(state: State, **changes: Any) -> State:
-    # Continue sites build from already-valid parts: a copy without re-validating (`model_copy` does the
-    # same through six Python calls; the loop makes two States per turn).
-    fields = state.__pydantic_fields_set__
-    if not changes.keys() <= fields:
-        fields = _shared_fields_set(fields | changes.keys())
-    return _built({**state.__dict__, **changes}, fields)
-
-
-_INITIAL_FIELDS = {"messages"}
-_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
-"""The fields-sets of the States the continue sites build, one object per distinct set (a handful): a State
-lives through its iteration, and a set of its own would be one more object in flight per loop. Never
-changed in place: a State is frozen, and pydantic's `model_copy` copies the set before it adds to it."""
-
-
-def _shared_fields_set(fields: set[str]) -> set[str]:
-    return _FIELDS_SETS.setdefault(frozenset(fields), fields)
-
-
-def _built(values: dict[str, Any], fields_set: set[str]) -> State:
-    state = object.__new__(State)
-    _set = object.__setattr__  # what pydantic's own model_construct does, minus the defaults' lookup
-    _set(state, "__dict__", values)
-    _set(state, "__pydantic_fields_set__", fields_set)
-    _set(state, "__pydantic_extra__", None)
-    _set(state, "__pydantic_private__", None)
-    return state
-
-
-_INITIAL: dict[str, Any] = State(messages=[]).__dict__
+_evolve = replacer(State)
+"""A continue site's new State: the old one's fields, with the site's changes (`dataclasses.replace`'s work)."""
 
 
 def next_turn(
