@@ -1,4 +1,4 @@
-"""`queryloop.runtime.loop.token_budget`: the token-budget continuation gate, `checkTokenBudget` of seed 003."""
+"""`queryloop.runtime.loop.token_budget`: the token-budget continuation gate, Claude Code's `checkTokenBudget`."""
 
 from __future__ import annotations
 
