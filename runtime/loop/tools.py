@@ -165,8 +165,8 @@ class Tool(BaseModel):
     backfill_observable_input: Callable[[dict[str, Any]], None] | None = None
     """Adds derived fields to a copy of a call's input, for observers (Claude Code's
     `backfillObservableInput`): the consumer's `AssistantMessage` and the transcript show the copy when
-    it gained fields (not when it only changed some), a PostToolUse hook always gets it. The conversation sent to the API keeps the input as the
-    model wrote it, byte for byte (its prompt cache)."""
+    it gained fields (not when it only changed some), a PostToolUse hook always gets it. The conversation
+    sent to the API keeps the input as the model wrote it, byte for byte (its prompt cache)."""
 
     def model_post_init(self, context: Any, /) -> None:
         # Every way a tool is made passes here (`@tool`, `Tool(...)`, MCP's and the runtime's own), so a
