@@ -1,5 +1,5 @@
 """The six actors of a queryloop session, one module each: QueryLoop, ModelCaller,
-StreamingToolExecutor, Compactor, HaikuSummarizer, BudgetGuard; each declares its messages beside it.
+StreamingToolExecutor, Compactor, ToolUseSummarizer, BudgetGuard; each declares its messages beside it.
 
 Imports `queryloop.runtime.kernel` and `queryloop.runtime.loop` (and `errors`); the runtime's `host`
 layer spawns the QueryLoop, the ModelCaller and the executor (and, under a host budget, the

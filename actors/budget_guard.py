@@ -1,17 +1,17 @@
 """BudgetGuard: usage and cost of a session's queries, and the USD limit.
 
 The QueryLoop reports each completed model call's usage (what `message_start`
-and the cumulative `message_delta` said, taken at `message_stop`, as the
-reference's QueryEngine does) and receives the query's running cost and
+and the cumulative `message_delta` said, taken at `message_stop`, as
+Claude Code's QueryEngine does) and receives the query's running cost and
 whether `max_budget_usd` is reached. It also keeps the query's `BudgetTracker` and answers `CheckTokenBudget` with
-seed 003's `checkTokenBudget` decision. The loop checks the USD answer after every
+Claude Code's `checkTokenBudget` decision. The loop checks the USD answer after every
 event it emits; the cost only changes at a call's end, so the overshoot is at
-most one model call (seed 000).
+most one model call, as in Claude Code's loop.
 
 The accounting itself is a `BudgetLedger`, a plain object. Where no host budget is
 set, nothing but the session's own queries can change it, so the QueryLoop keeps the
 ledger and does the per-query accounting inline (no message per call or per query);
-the BudgetGuard actor is then spawned only when the Compactor or the HaikuSummarizer is,
+the BudgetGuard actor is then spawned only when the Compactor or the ToolUseSummarizer is,
 around the same ledger, to take the spend they report as messages. Where a host
 budget is set, the guard is an actor from the session's start and every query talks
 to it by message (`BeginQuery`, `RecordUsage`, `SettleQuery`, `CheckTokenBudget`).
@@ -22,7 +22,7 @@ the sum over every session that reports to it.
 A subagent's ledger has an `above`: a function of its parent's (`SpendAbove`) that every
 cost it accounts is handed to as it is accounted, so the parent's query (and, through the
 parent, the host) counts a child's spend call by call; it answers whether the parent's cap is
-reached, which stops the child as its own cap would. Its `agent_id` stops seed 003's
+reached, which stops the child as its own cap would. Its `agent_id` stops the
 token-budget gate for it.
 """
 
@@ -80,7 +80,7 @@ class SettleQuery(Message):
 
 @record
 class CheckTokenBudget(Message):
-    """The token-budget gate (seed 003) for the current query, given its output tokens so far."""
+    """The token-budget gate for the current query, given its output tokens so far."""
 
     global_turn_tokens: int
 
@@ -139,7 +139,7 @@ class BudgetLedger:
 
     def __init__(self, *, agent_id: str | None = None, above: SpendAbove | None = None) -> None:
         self.agent_id = agent_id
-        """Set for a subagent's ledger: seed 003's token-budget gate stops for it."""
+        """Set for a subagent's ledger: the token-budget gate stops for it."""
         self.above = above
         """A subagent's: every accounted cost is reported to its parent through it, at once."""
         self._above_exceeded = False
@@ -152,7 +152,7 @@ class BudgetLedger:
         self._priced_model: str | None = None
         self._token_budget: int | None = None
         self._tracker: BudgetTracker | None = None
-        """Seed 003's gate's memory: a query's own, made only for a query with a token budget."""
+        """The token-budget gate's memory: a query's own, made only for a query with a token budget."""
 
     def begin_query(
         self,
@@ -203,7 +203,7 @@ class BudgetLedger:
         )
 
     def check_token_budget(self, global_turn_tokens: int) -> TokenBudgetDecision:
-        """Seed 003's gate for the current query (`CheckTokenBudget`)."""
+        """The token-budget gate for the current query (`CheckTokenBudget`)."""
         # Without a budget the gate stops at once, reading nothing of the tracker it is given.
         tracker = self._tracker if self._tracker is not None else BudgetTracker()
         return check_token_budget(tracker, self.agent_id, self._token_budget, global_turn_tokens)

@@ -1,4 +1,4 @@
-"""Compactor: keeps a loop inside its context window (seed 002's pipeline, seed 000's 413 cascade).
+"""Compactor: keeps a loop inside its context window (Claude Code's context pipeline and its 413 cascade).
 
 `Prepare` runs the pipeline on the messages of one iteration, lightest first:
 tool-result budget (oversized results written to the session's directory,
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
 """After this many failed autocompactions in a row a query stops trying (a circuit breaker). Counted per
 query, as Claude Code keeps it in the loop's `autoCompactTracking` ("always undefined on the first
-iteration", seed 001): the next query tries again. Only autocompactions count; a success resets it."""
+iteration"): the next query tries again. Only autocompactions count; a success resets it."""
 
 COMPACT_SYSTEM_PROMPT = "You are a helpful AI assistant tasked with summarizing conversations."
 
@@ -336,7 +336,7 @@ class Compactor(TrioActor):
                 )
             failed = True
         blocking_check = not (config.reactive_compact and config.auto_compact)
-        # The reference counts what snip freed as gone before it checks the limit.
+        # Claude Code counts what snip freed as gone before it checks the limit.
         blocking = blocking_check and token_warning_state(tokens - snip_freed, limits).at_blocking_limit
         return Prepared(
             messages=messages, tokens=tokens, snip_tokens_freed=snip_freed, blocking=blocking, autocompact_failed=failed

@@ -1,7 +1,8 @@
-"""HaikuSummarizer: a short summary of each tool batch, made while the next model call runs.
+"""ToolUseSummarizer: Claude Code's tool-use summary, a short line for each tool batch, made while the
+next model call runs (the model it asks is an option, `small_model`).
 
 The QueryLoop asks for it at `next_turn` and awaits the answer at the top of
-the next iteration (seed 001), so a summary that takes as long as the main call
+the next iteration, as Claude Code's query loop does, so a summary that takes as long as the main call
 adds no wall time. The summary is work of this actor: an abort cancels it. Any
 failure costs the summary (the answer is None), never the loop. The QueryLoop spawns it
 with the first summary it asks for.
@@ -40,8 +41,8 @@ class Summarize(Message):
     """The query's stream watchdog, which bounds the summary's stream as it does the loop's own."""
 
 
-class HaikuSummarizer(TrioActor):
-    actor_name = "HaikuSummarizer"
+class ToolUseSummarizer(TrioActor):
+    actor_name = "ToolUseSummarizer"
 
     def __init__(self, provider: ModelProvider, *, budget_guard: ActorRef[BudgetGuard] | None = None) -> None:
         super().__init__()

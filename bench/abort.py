@@ -116,7 +116,7 @@ async def runtime_run(
                 latencies.append(latency)
                 terminal = handle.terminal.reason if handle.terminal else None
                 # An abort that lands after the loop has decided its ending (its last check passed, its
-                # result on the way) does not change it, as in the reference: `abort_reason` stays None.
+                # result on the way) does not change it, as in Claude Code's loop: `abort_reason` stays None.
                 if handle.abort_reason is not None and terminal not in ("aborted_streaming", "aborted_tools"):
                     violations += 1
             if handle.result is None or transcript_problems(await session.transcript()):

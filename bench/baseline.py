@@ -4,7 +4,7 @@ DESIGN §6 defines it: the same work, only the actors gone. It consumes the same
 event stream, runs the same tools (concurrency-safe ones in parallel, started as their blocks
 complete), builds the same transcript objects and requests (the same system prompt and tool
 schemas; each request normalised incrementally, through the same constructors: `stream_event`,
-`assistant_message`, `model_request`) and yields the same kinds of events. It also runs the seed's
+`assistant_message`, `model_request`) and yields the same kinds of events. It also runs Claude Code's
 per-turn rules through the functions the QueryLoop calls: before each call the compact boundary and
 whether the context pipeline is needed; after each tool round the `max_turns` check, `next_turn` and
 whether a collapse may stage; at the end the budget ledger's totals (cost, usage) and the result's
@@ -101,7 +101,7 @@ class BaselineLog:
         os.close(self._fd)
 
 
-async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as the reference's is
+async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claude Code's is
     model: ScriptedModel,
     tools: list[Tool],
     prompt: str,

@@ -408,7 +408,7 @@ async def test_an_unknown_agent_type_is_an_error_result() -> None:
 
 
 async def test_the_token_budget_gate_stops_for_a_subagent() -> None:
-    # Seed 003: `checkTokenBudget` stops at once when an agent id is set: the child makes one call, no nudge.
+    # Claude Code's `checkTokenBudget` stops at once when an agent id is set: the child makes one call, no nudge.
     provider = ByPrompt(
         {
             "Review": [fan_out("file a"), *[text_reply("More.")] * 8],

@@ -1,4 +1,4 @@
-"""Seed 004, "Backfill Observable Input": before an assistant message is yielded, a tool's
+"""Backfill observable input, as Claude Code does it: before an assistant message is yielded, a tool's
 `backfillObservableInput` adds derived fields to a copy of its tool_use input, for hooks and SDK
 consumers; the message that goes back to the API keeps the input as the model wrote it (prompt caching),
 and the copy is shown only when the backfill added fields, not when it only overwrote some."""

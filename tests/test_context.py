@@ -1,4 +1,4 @@
-"""`queryloop.runtime.loop.context`: thresholds, token counts and the lighter steps of seed 002's pipeline.
+"""`queryloop.runtime.loop.context`: thresholds, token counts and the lighter steps of the context pipeline.
 
 Every step must keep each `tool_use` paired with its `tool_result`: the checks use
 `transcript_problems`, which reports without repairing.

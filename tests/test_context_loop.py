@@ -1,4 +1,4 @@
-"""Context and budget end to end: the Compactor, BudgetGuard's token budget and the HaikuSummarizer, on real actors."""
+"""Context and budget end to end: the Compactor, BudgetGuard's token budget, the ToolUseSummarizer, on real actors."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ async def test_reactive_compact_is_single_fire_and_prompt_too_long_surfaces() ->
 
 
 async def test_production_incident_stop_hook_blocking_never_allows_a_second_reactive_compact() -> None:
-    """Seed 001's incident: compact → still too long → stop hook blocks → (no) compact again → ..."""
+    """Claude Code's production incident: compact → still too long → stop hook blocks → (no) compact again → ..."""
     from queryloop.runtime.loop.hooks import HookDecision, StopHookInput
 
     async def always_blocks(_: StopHookInput) -> HookDecision:
@@ -491,7 +491,7 @@ async def test_compact_instructions_follow_the_runtimes_own_in_the_compaction_re
 
 async def test_autocompact_circuit_breaker_stops_after_three_failures_and_resets_for_the_next_query() -> None:
     """Claude Code keeps the failures in the loop's `autoCompactTracking`, "always undefined on the first
-    iteration" (seed 001): three failed autocompactions in a row stop a query from trying again, and the
+    iteration": three failed autocompactions in a row stop a query from trying again, and the
     session's next query tries afresh."""
     async with Runtime.open() as runtime:
         model = ScriptedModel([*rounds(5), text_reply("Done."), text_reply("Second answer.")])

@@ -1,4 +1,4 @@
-"""`queryloop.runtime.loop.decisions`: the loop's decisions as pure functions (seeds 000 and 004, DESIGN §3)."""
+"""`queryloop.runtime.loop.decisions`: the loop's decisions as pure functions (DESIGN §3)."""
 
 from __future__ import annotations
 

@@ -179,10 +179,10 @@ async def test_an_abort_reaches_every_live_actor_those_spawned_on_first_need_inc
         ran = await consume(session, handle, model)
         ran.events = events
         assert before == ["ModelCaller", "QueryLoop", "StreamingToolExecutor"]
-        assert live == ["BudgetGuard", "HaikuSummarizer", "ModelCaller", "QueryLoop", "StreamingToolExecutor"]
+        assert live == ["BudgetGuard", "ModelCaller", "QueryLoop", "StreamingToolExecutor", "ToolUseSummarizer"]
         assert sorted(ack.actor for ack in acks) == live
         cancelled = {ack.actor: ack.cancelled_work for ack in acks}
-        assert cancelled["HaikuSummarizer"] == 1 and cancelled["StreamingToolExecutor"] == 1
+        assert cancelled["ToolUseSummarizer"] == 1 and cancelled["StreamingToolExecutor"] == 1
         assert ran.reason == "aborted_tools"
         await assert_settled(ran)
 

@@ -756,7 +756,7 @@ async def test_budget_exceeded_reports_the_turn_the_capping_call_was_in() -> Non
 
 
 def test_the_budget_error_prints_the_cap_as_claude_code_does() -> None:
-    # Seed 000: `Reached maximum budget ($${maxBudgetUsd})`, a JavaScript number: `$1`, never `$1.0`.
+    # Claude Code's text: `Reached maximum budget ($${maxBudgetUsd})`, a JavaScript number: `$1`, never `$1.0`.
     assert budget_error(1.0, 1.2) == "Reached maximum budget ($1)"
     assert budget_error(10, 10.0) == "Reached maximum budget ($10)"
     assert budget_error(0.25, 0.3) == "Reached maximum budget ($0.25)"

@@ -1,4 +1,4 @@
-"""`queryloop.runtime.loop.state`: the loop State and what each continue site resets or keeps (seed 001, DESIGN §3)."""
+"""`queryloop.runtime.loop.state`: the loop State and what each continue site resets or keeps (DESIGN §3)."""
 
 from __future__ import annotations
 

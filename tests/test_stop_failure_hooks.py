@@ -1,4 +1,4 @@
-"""StopFailure hooks (seed 000: after the withheld prompt-too-long surfaces, `void
+"""StopFailure hooks (Claude Code's loop: after the withheld prompt-too-long surfaces, `void
 executeStopFailureHooks(lastMessage, toolUseContext)`; and wherever a query ends on an API error
 message, which skips the stop hooks). Not awaited by the loop: they run in the runtime, whose close
 waits for them."""

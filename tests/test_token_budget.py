@@ -1,4 +1,4 @@
-"""`queryloop.runtime.loop.token_budget`: the token-budget continuation gate, `checkTokenBudget` of seed 003."""
+"""`queryloop.runtime.loop.token_budget`: the token-budget continuation gate, Claude Code's `checkTokenBudget`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def tracker_after(count: int, last_delta: int, last_global: int) -> BudgetTracke
     return BudgetTracker(continuation_count=count, last_delta_tokens=last_delta, last_global_turn_tokens=last_global)
 
 
-def test_the_thresholds_are_the_reference_constants() -> None:
+def test_the_thresholds_are_claude_codes_constants() -> None:
     assert COMPLETION_THRESHOLD == 0.9
     assert DIMINISHING_THRESHOLD == 500
 
@@ -69,7 +69,7 @@ def test_first_check_below_ninety_percent_continues_and_updates_the_tracker() ->
     assert "10,000" in decision.nudge_message
 
 
-def test_the_continuation_message_is_the_reference_text() -> None:
+def test_the_continuation_message_is_claude_codes_text() -> None:
     assert budget_continuation_message(12, 1_234, 10_000) == (
         "Stopped at 12% of token target (1,234 / 10,000). Keep working \u2014 do not summarize."
     )

@@ -1,4 +1,4 @@
-"""`queryloop.runtime.loop.transcript`: what is sent to the API, and whether a transcript is valid (seed 004)."""
+"""`queryloop.runtime.loop.transcript`: what is sent to the API, and whether a transcript is valid."""
 
 from __future__ import annotations
 

@@ -262,7 +262,7 @@ async def test_tool_use_cut_by_max_tokens_over_the_wire_never_runs_and_is_answer
             handle, events = await run_query(session)
 
             assert log.order == []  # the partial input never ran
-            # A tool_use in the answer makes it a tool turn (the reference's needsFollowUp), not a recovery.
+            # A tool_use in the answer makes it a tool turn (Claude Code's needsFollowUp), not a recovery.
             assert handle.transitions == ["next_turn"]
             second = api.requests[1].body
             assert tool_pairs(second["messages"]) == [(["t1"], ["t1"])]

@@ -34,7 +34,7 @@ from queryloop.actors.query_loop.run import (
     turn_done,
     wait_for_room,
 )
-from queryloop.actors.summarizer import HaikuSummarizer
+from queryloop.actors.summarizer import ToolUseSummarizer
 from queryloop.actors.tool_executor import Discard, ToolResult, begin_turn
 from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.kernel.actor import TrioActor
@@ -80,7 +80,7 @@ class QueryLoopTurns(TrioActor):
     """What the loop asks of the books, inline or of the BudgetGuard (`accounting`)."""
     _budget_guard: ActorRef[BudgetGuard] | None
     _compactor: ActorRef[Compactor] | None
-    _summarizer: ActorRef[HaikuSummarizer] | None
+    _summarizer: ActorRef[ToolUseSummarizer] | None
     _compact_provider: ModelProvider
     _summary_provider: ModelProvider
     _session_dir: Path | None
@@ -118,12 +118,12 @@ class QueryLoopTurns(TrioActor):
         return compactor
 
     @property
-    def summarizer(self) -> ActorRef[HaikuSummarizer]:
-        """The session's HaikuSummarizer, spawned on first need (tool-use summaries only)."""
+    def summarizer(self) -> ActorRef[ToolUseSummarizer]:
+        """The session's ToolUseSummarizer, spawned on first need (tool-use summaries only)."""
         summarizer = self._summarizer
         if summarizer is None:
             summarizer = self._summarizer = self.supervisor.spawn(
-                HaikuSummarizer, self._summary_provider, budget_guard=self.budget_guard
+                ToolUseSummarizer, self._summary_provider, budget_guard=self.budget_guard
             )
         return summarizer
 

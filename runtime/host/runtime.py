@@ -240,7 +240,7 @@ class Runtime:
                         log.close()
                 await group.close()
                 raise
-        # The Compactor and the HaikuSummarizer are spawned by the QueryLoop on first need, and so is the
+        # The Compactor and the ToolUseSummarizer are spawned by the QueryLoop on first need, and so is the
         # BudgetGuard where no host budget is set (the loop then accounts inline): most sessions never need
         # them. Under a host budget every call's cost goes to the host, through this session's guard.
         budget = group.spawn(BudgetGuard, parent=self.host_budget) if self.host_budget is not None else None

@@ -2,7 +2,7 @@
 
 A session is one actor group holding one conversation: the QueryLoop, the
 ModelCaller and the StreamingToolExecutor from the start; the Compactor, the
-HaikuSummarizer and the BudgetGuard spawned by the QueryLoop on first need (the
+ToolUseSummarizer and the BudgetGuard spawned by the QueryLoop on first need (the
 BudgetGuard from the start under a host budget; without one the loop accounts
 inline). An abort reaches every actor alive at that moment.
 
@@ -325,8 +325,8 @@ class Session:
         )
         running = self._control
         if running is not None and not running.finished and not running.decided and running.abort_reason is None:
-            # A message submitted while a query runs interrupts it (seed 000: no interruption
-            # message for `interrupt`); the new query runs as soon as the aborted one has ended.
+            # A message submitted while a query runs interrupts it (as in Claude Code's loop, no
+            # interruption message for `interrupt`); the new query runs as soon as the aborted one has ended.
             self.abort_nowait("interrupt")
         options = self.options
         if overrides:

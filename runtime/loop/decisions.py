@@ -1,8 +1,8 @@
-"""The loop's decisions as pure functions (seed 000's check order, seed 004's decision tree).
+"""The loop's decisions as pure functions (Claude Code's check order and decision tree).
 
 The QueryLoop gathers facts (did the stream end, was the query aborted, what
-was withheld, did the hooks object) and asks these functions what to do, in the
-reference's order:
+was withheld, did the hooks object) and asks these functions what to do, in Claude Code's
+order:
 
 1. abort  2. streaming error  3. image error  4. prompt-too-long recovery
 5. max-output-tokens recovery (and `model_context_window_exceeded`: compaction first when the input

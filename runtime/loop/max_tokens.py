@@ -12,7 +12,7 @@ Two 400s ask for a smaller `max_tokens`, not a shorter prompt (api-facts §2):
   model for the rest of the session, so no later call asks for more.
 
 Why these numbers (Claude Code's retry loop uses the same two: a 1 000-token safety buffer and
-`FLOOR_OUTPUT_TOKENS` = 3 000; the reference seeds do not state them):
+`FLOOR_OUTPUT_TOKENS` = 3 000; its query loop does not state them):
 
 - `CONTEXT_MARGIN` = 1 000 tokens: headroom between what the failed request was counted at and what
   its retry is counted at. The server counts the input, not the client, and what it counts besides

@@ -1,9 +1,9 @@
-"""The loop's `State`, its `Continue` transitions and its `Terminal` (seed 001).
+"""The loop's `State`, its `Continue` transitions and its `Terminal`, as Claude Code's query loop has them.
 
 Every continue site builds a *new* `State` from the old one with one of the
 functions below, so what each site resets or keeps is written once, here, and
 tested without any actor running. The only exception is the fallback retry,
-which is a bare `continue` with the state untouched (seed 001).
+which is a bare `continue` with the state untouched.
 
 What each site does to the fields that carry across iterations:
 
@@ -18,13 +18,13 @@ What each site does to the fields that carry across iterations:
 | collapse_drain_retry | kept | kept | reset | cleared | 0 |
 | pause_turn_continuation | kept | kept | kept | cleared | 0 |
 
-`pause_turn_continuation` is not one of the reference's sites: the Messages API's `pause_turn` (a long
+`pause_turn_continuation` is not one of Claude Code's continue sites: the Messages API's `pause_turn` (a long
 server-tool turn, paused by the server) asks for the paused response back as is, in a new request of
-the same turn; it is named as the reference names a continuation (`token_budget_continuation`). It
+the same turn; it is named as Claude Code names a continuation (`token_budget_continuation`). It
 counts `pause_turn_continuations` (capped by `QueryOptions.max_pause_turn_continuations`); every other
 site resets that count but the recoveries of the same response (escalate, recovery, the 413 retries).
 
-`stop_hook_blocks` is not a field of the reference either: it is the counter Claude Code added after it
+`stop_hook_blocks` is not a field of Claude Code's loop State either: it is the counter Claude Code added later
 (2.1.143, `CLAUDE_CODE_STOP_HOOK_BLOCK_CAP`), which only a block raises and every other continuation
 sets back to 0. A block does not count as a turn, so `max_turns` never sees a hook that blocks every
 stop; the counter lets `QueryOptions.stop_hook_block_cap` end that loop (`decisions.stop_hook_block_capped`).
@@ -43,13 +43,13 @@ from queryloop.runtime._records import record, replacer
 from queryloop.runtime.loop.events import AssistantMessage, TranscriptMessage, UserMessage
 
 MAX_OUTPUT_TOKENS_RECOVERY_LIMIT = 3
-"""Recovery messages allowed per response chain before the withheld error surfaces (seed 001)."""
+"""Recovery messages allowed per response chain before the withheld error surfaces."""
 
 MAX_OUTPUT_TOKENS_RECOVERY_TEXT = (
     "Output token limit hit. Resume directly — no apology, no recap of what you were doing. "
     "Pick up mid-thought if that is where the cut happened. Break remaining work into smaller pieces."
 )
-"""The meta message of `max_output_tokens_recovery` (seed 001's text, completed)."""
+"""The meta message of `max_output_tokens_recovery` (Claude Code's text, completed)."""
 
 
 class _Frozen(BaseModel):
@@ -141,7 +141,7 @@ class Terminal(_Frozen):
     error: str | None = None
     stop_details: dict[str, Any] | None = None
     """A refusal's `stop_details` as the API sent them (`category`, `explanation`, ...). A refusal ends
-    the query `completed` with the refusal surfaced as an API error, as the reference ends every
+    the query `completed` with the refusal surfaced as an API error, as Claude Code ends every
     surfaced API error (the result `is_error`, its `stop_reason` "refusal"): these say it was one."""
 
 
@@ -158,10 +158,10 @@ class AutoCompactTracking(_Frozen):
 
 @record
 class State:
-    """What one iteration hands to the next (seed 001's fields): an internal record, built by the continue
-    sites below from parts already valid (no validation, one object a State).
+    """What one iteration hands to the next (the fields of Claude Code's loop State): an internal record,
+    built by the continue sites below from parts already valid (no validation, one object a State).
 
-    `toolUseContext`, the one field the reference mutates inside an iteration, is
+    `toolUseContext`, the one field Claude Code mutates inside an iteration, is
     the QueryLoop's per-query context instead (current model, tools, abort), so
     that a fallback can switch the model while this State stays the same object.
     """
@@ -176,9 +176,9 @@ class State:
     stop_hook_active: bool = False
     turn_count: int = 1
     pause_turn_continuations: int = 0
-    """`pause_turn` responses sent back in this turn so far (not a field of the reference: see above)."""
+    """`pause_turn` responses sent back in this turn so far (not a field of Claude Code's State: see above)."""
     stop_hook_blocks: int = 0
-    """Stop-hook blocks in a row, since the last other continuation (not a field of the reference: see above)."""
+    """Stop-hook blocks in a row, since the last other continuation (not a field of Claude Code's State: see above)."""
     transition: Continue | None = None
 
 
@@ -259,7 +259,7 @@ def stop_hook_blocking(
 
     `has_attempted_reactive_compact` is kept on purpose: resetting it caused an
     infinite compact → still too long → hook blocks → compact loop in production
-    (seed 001). The recovery count is reset: the new response deserves all three
+    (Claude Code's incident). The recovery count is reset: the new response deserves all three
     attempts.
     """
     return _evolve(

@@ -3,13 +3,13 @@
 As Claude Code does it (`--json-schema`, the Agent SDK's `output_format`): the model is given one more
 tool, `StructuredOutput`, whose input schema is the model's JSON schema, and answers by calling it. The
 tool's input is validated as any tool's is: an invalid answer is an error result, and the model tries
-again. Where the reference is loose, this runtime is strict (docs/design.md, "Structured output"):
+again. Where Claude Code is loose, this runtime is strict (docs/design.md, "Structured output"):
 
 * The query ends with the batch whose `StructuredOutput` call was valid (no further model call):
   `completed`, the answer in `ResultMessage.structured_output` (its JSON form). Claude Code sends the
   tool's result back and lets the model go on, which its users report as a bug (claude-code #17125).
 * A response that would end the query without a valid answer is sent back with `ENFORCEMENT_TEXT`
-  (the reference's built-in stop hook); every such response and every invalid call is a failed
+  (Claude Code's built-in stop hook); every such response and every invalid call is a failed
   attempt, counted per query (claude-code #40022: a count kept across resumed queries).
 * After `QueryOptions.max_structured_output_retries` failed attempts the query ends
   `max_structured_output_retries` (`error_max_structured_output_retries`, an error): a `success` of a
@@ -31,7 +31,7 @@ from queryloop.runtime.loop.tools import Tool, ToolContext
 STRUCTURED_OUTPUT_TOOL = "StructuredOutput"
 
 STRUCTURED_OUTPUT_ACCEPTED = "Structured output provided successfully"
-"""The tool's result for a valid answer (the reference's text)."""
+"""The tool's result for a valid answer (Claude Code's text)."""
 
 ENFORCEMENT_TEXT = (
     f"You must call the {STRUCTURED_OUTPUT_TOOL} tool to give your final answer: this request is complete "
@@ -40,11 +40,11 @@ ENFORCEMENT_TEXT = (
 """Sent back, as a meta user message, with a response that would end the query without an answer."""
 
 DEFAULT_MAX_RETRIES = 5
-"""Failed attempts allowed per query (the reference's limit)."""
+"""Failed attempts allowed per query (Claude Code's limit)."""
 
 
 def exhausted_text(attempts: int) -> str:
-    """The `result.errors` entry of a query that ran out of attempts (the reference's text)."""
+    """The `result.errors` entry of a query that ran out of attempts (Claude Code's text)."""
     return f"Failed to provide valid structured output after {attempts} attempts"
 
 

@@ -1,4 +1,4 @@
-"""The token-budget continuation gate, `checkTokenBudget` of seed 003, to the letter.
+"""The token-budget continuation gate, Claude Code's `checkTokenBudget`, to the letter.
 
 When a query has a token budget and the model stops early, the loop nudges it to
 go on (`token_budget_continuation`) until 90 % of the budget is used, unless
@@ -53,7 +53,7 @@ class TokenBudgetDecision(BaseModel):
 
 
 def math_round(value: float) -> int:
-    """JavaScript's `Math.round`, which the reference uses: floor(x + 0.5) (Python's round() rounds half to even)."""
+    """JavaScript's `Math.round`, which Claude Code uses: floor(x + 0.5) (Python's round() rounds half to even)."""
     return math.floor(value + 0.5)
 
 
@@ -64,7 +64,7 @@ def budget_continuation_message(pct: int, turn_tokens: int, budget: int) -> str:
 def check_token_budget(
     tracker: BudgetTracker, agent_id: str | None, budget: int | None, global_turn_tokens: int
 ) -> TokenBudgetDecision:
-    """Continue or stop; mutates `tracker` on continue, exactly as the reference does."""
+    """Continue or stop; mutates `tracker` on continue, exactly as Claude Code's `checkTokenBudget` does."""
     if agent_id or budget is None or budget <= 0:
         return TokenBudgetDecision(action="stop")
 

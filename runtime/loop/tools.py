@@ -163,10 +163,10 @@ class Tool(BaseModel):
     runs_on: Literal["trio", "asyncio"] | None = None
     """The event loop an async tool is written for (see the module docstring); None: the host's."""
     backfill_observable_input: Callable[[dict[str, Any]], None] | None = None
-    """Adds derived fields to a copy of a call's input, for observers (seed 004): the consumer's
-    `AssistantMessage` and the transcript show the copy when it gained fields (not when it only changed
-    some), a PostToolUse hook always gets it. The conversation sent to the API keeps the input as the
-    model wrote it, byte for byte (its prompt cache)."""
+    """Adds derived fields to a copy of a call's input, for observers (Claude Code's
+    `backfillObservableInput`): the consumer's `AssistantMessage` and the transcript show the copy when
+    it gained fields (not when it only changed some), a PostToolUse hook always gets it. The conversation
+    sent to the API keeps the input as the model wrote it, byte for byte (its prompt cache)."""
 
     def model_post_init(self, context: Any, /) -> None:
         # Every way a tool is made passes here (`@tool`, `Tool(...)`, MCP's and the runtime's own), so a
