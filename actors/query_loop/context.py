@@ -168,9 +168,9 @@ class QueryLoopContext(QueryLoopEnding):
         """The previous batch's summary (`state.pending_tool_use_summary`), made while this iteration's model
         call ran; its failure costs only it.
 
-        Seed 001 says "awaited at the top of the next iteration"; it is awaited once that
-        iteration's stream has ended, so that it overlaps the model call as the seed's
-        rationale (and the reference's "resolved during model streaming") intends.
+        Claude Code awaits it "at the top of the next iteration"; it is awaited once that
+        iteration's stream has ended, so that it overlaps the model call, as Claude Code's own
+        rationale ("resolved during model streaming") intends.
         """
         summary: str | None = None
         with self._phase(run):
@@ -251,7 +251,7 @@ class QueryLoopContext(QueryLoopEnding):
     ) -> list[TranscriptMessage]:
         for message in compacted:
             await self._emit(run, message)
-        if run.options.task_budget is not None:  # loop-local, updated on compaction only (seed 001)
+        if run.options.task_budget is not None:  # loop-local, updated on compaction only
             remaining = run.task_budget_remaining if run.task_budget_remaining is not None else run.options.task_budget
             run.task_budget_remaining = max(0, remaining - pre_tokens)
         return messages_after_compact_boundary(compacted)
@@ -259,7 +259,7 @@ class QueryLoopContext(QueryLoopEnding):
     async def _recover_prompt_too_long(
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
     ) -> State | None:
-        """Seed 000's cascade: collapse drain (never twice in a row), then one reactive compact."""
+        """The prompt-too-long cascade: collapse drain (never twice in a row), then one reactive compact."""
         options = run.options
         transition = state.transition
         if options.context_collapse and (transition is None or transition.reason != "collapse_drain_retry"):
@@ -284,7 +284,7 @@ class QueryLoopContext(QueryLoopEnding):
         return None
 
     async def _token_budget_nudge(self, run: Run) -> UserMessage | None:
-        """Seed 003's gate: a meta nudge to go on, or None to stop (with its completion event)."""
+        """The token-budget gate: a meta nudge to go on, or None to stop (with its completion event)."""
         if run.options.token_budget is None:
             return None
         decision = await self.accounts.check_token_budget(run.usage.output_tokens)
@@ -347,7 +347,7 @@ class QueryLoopContext(QueryLoopEnding):
             return ended
         demand = UserMessage(content=ENFORCEMENT_TEXT, is_meta=True)
         await self._emit(run, demand)
-        run.transitions.append("stop_hook_blocking")  # the reference's built-in stop hook
+        run.transitions.append("stop_hook_blocking")  # Claude Code's built-in stop hook
         return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, [demand])
 
     @staticmethod

@@ -1,7 +1,7 @@
 """The ending: how a query stops early (abort, budget, model error) and how its outcome is sent.
 
 Every tool_use gets exactly one result (delivered, finished, or synthetic), the helpers' work is
-cancelled, the interruption message follows seed 000's rule, and `Settled` then the `result` are the
+cancelled, the interruption message follows Claude Code's rule, and `Settled` then the `result` are the
 query's last events. `_end_now` does all of it inside an abort's own call when the loop was waiting
 on its turn.
 """
@@ -173,7 +173,8 @@ class QueryLoopEnding(QueryLoopTurns):
         self, run: Run, message: AssistantMessage, error: StopFailureError, details: str | None = None
     ) -> None:
         """Surface the API error the query ends on, and start its StopFailure hooks without waiting for them
-        (seed 000: `void executeStopFailureHooks(lastMessage)`): they run in the runtime, not the session."""
+        (fire and forget, as Claude Code's `void executeStopFailureHooks(lastMessage)`): they run in the
+        runtime, not the session."""
         await self._surface(run, message)
         hooks, detach = run.options.stop_failure_hooks, self.detach
         if not hooks or detach is None:
@@ -290,7 +291,7 @@ def unwritable_terminal(text: str) -> Terminal:
 
 
 def budget_error(own_cap: float | None, query_cost_usd: float) -> str:
-    """Seed 000's ``Reached maximum budget ($${maxBudgetUsd})``, the cap printed as JavaScript prints a number
+    """Claude Code's ``Reached maximum budget ($${maxBudgetUsd})``, the cap printed as JavaScript prints a number
     (`$1`, not `$1.0`). A stop on a cap the query shares (the host's, or its parent query's for a subagent),
     not its own, says so instead of naming its own cap, which it did not reach."""
     if own_cap is not None and query_cost_usd >= own_cap:

@@ -1,7 +1,7 @@
 """QueryLoop: owns the loop `State` and the session's conversation; runs queries.
 
 A `RunQuery` starts the query as *non-abortable* work of this actor: an abort
-must not kill the loop, the loop must end the query itself as seed 000 says:
+must not kill the loop, the loop must end the query itself, as Claude Code's does:
 what the tools finished, synthetic `Interrupted by user` results for the rest,
 an interruption message unless the reason is `interrupt`, and the `result`
 event. `on_abort` records the reason and stops what the loop waits on: the
@@ -16,7 +16,7 @@ abortable and is cancelled by the same `Abort` broadcast.
 
 One iteration: the context pipeline (compaction) at the top, then
 `stream_request_start` → model call (fallback retries inside) → the decisions
-of `queryloop.runtime.loop.decisions`, in the reference's check order → a continue site of
+of `queryloop.runtime.loop.decisions`, in Claude Code's check order → a continue site of
 `queryloop.runtime.loop.state` or a `Terminal`. Events are emitted in production order to the
 query's bounded channel (a call's stream events and assistant messages by the
 ModelCaller itself, which then hands each message to the loop); transcript
@@ -250,7 +250,7 @@ class QueryLoop(QueryLoopContext):
         return [*(tool for tool in options.tools if tool.name not in names), *live]
 
     def _new_run(self, message: RunQuery) -> Run:
-        # The config snapshot: taken once, used by every iteration of this query (seed 001).
+        # The config snapshot: taken once, used by every iteration of this query.
         options = message.options
         tools = options.tools if not options.mcp_servers else self._with_mcp_tools(options)
         if options.agents:
@@ -293,7 +293,7 @@ class QueryLoop(QueryLoopContext):
                 async with trio.open_nursery() as prefetch:
                     prefetch.start_soon(self._prefetch_memory, run, list(self.conversation))
                     terminal, turns = await self._run_loop(run)
-                    # Disposed on every exit path, as the reference's `using` does.
+                    # Disposed on every exit path, as Claude Code's `using` does.
                     prefetch.cancel_scope.cancel()
             run.calls.close()  # no more model calls: the ModelCaller's task for this query ends when it runs
             run.control.decided = True

@@ -19,7 +19,7 @@ class QueryControl:
     The session sets `abort_reason` before broadcasting `Abort`, so an abort that
     overtakes the `RunQuery` in the mailbox still reaches the query. Once the loop has
     decided how the query ends (`decided`), an abort changes nothing and is not recorded:
-    the query ends as decided, like the reference's, whose last abort check has passed.
+    the query ends as decided, like Claude Code's, whose last abort check has passed.
     """
 
     __slots__ = ("_ended", "abort_reason", "decided", "finished")

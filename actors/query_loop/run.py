@@ -74,7 +74,7 @@ class Turn:
 
 @dataclass(slots=True)
 class Run:
-    """One query's mutable context (the reference's toolUseContext): model, abort, accounting."""
+    """One query's mutable context (Claude Code's toolUseContext): model, abort, accounting."""
 
     options: QueryOptions
     sink: EventChannel[Any]

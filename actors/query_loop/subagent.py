@@ -22,7 +22,7 @@ task of the child runs.
   reports to the host's), so the parent's `max_budget_usd` and the host budget count it, and the
   parent's result lists it per agent (`ResultMessage.usage_by_agent`). A child whose spend takes the
   parent past its cap stops (`max_budget_usd`), and so does the parent. The child's `agent_id` stops
-  seed 003's token-budget gate for it.
+  the token-budget gate for it.
 * **Transcript.** With a transcript, the child's records go into the parent's file as a sidechain
   (`SidechainLog`); the child's conversation is kept by the parent's QueryLoop (`sidechains`).
 * **Caps.** `max_concurrent_agents` per query (a call waits for a slot), `max_live_agents` per host

@@ -130,7 +130,7 @@ class QueryLoopTurns(TrioActor):
     async def _model_phase(
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
     ) -> tuple[Turn, list[TranscriptMessage]]:
-        """One model call; a fallback retries it here with the same State (a bare continue, seed 001).
+        """One model call; a fallback retries it here with the same State (a bare continue, as in Claude Code's loop).
 
         A `refusal` switches to the fallback model too, when one is set (the API's advice: a refused
         conversation sent again as is is refused again); without one, the query ends as a refusal.
