@@ -19,7 +19,7 @@ from queryloop.runtime.loop.events import ResultMessage
 from queryloop.runtime.ray.wire import EVENTS_MODES, EventsMode, Submission
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from queryloop.runtime.kernel.messages import AbortReason
     from queryloop.runtime.loop.events import Block, QueryEvent, TranscriptMessage
@@ -28,16 +28,16 @@ if TYPE_CHECKING:
 
 
 class _Router(Protocol):
-    """What a session needs of its `ShardedRuntime`."""
+    """What a session needs of its `ShardedRuntime`: its routing, private to the runtime and its sessions."""
 
     loop: asyncio.AbstractEventLoop
     stream: str
 
-    def next_qid(self) -> int: ...
-    def submit(self, session: RemoteSession, inbox: Inbox, submission: Submission) -> None: ...
-    def send_abort(self, session: RemoteSession, qid: int | None, reason: AbortReason) -> asyncio.Future[int]: ...
-    async def call(self, session: RemoteSession, name: str, *args: Any) -> Any: ...
-    def forget(self, session: RemoteSession) -> None: ...
+    def _next_qid(self) -> int: ...
+    def _submit(self, session: RemoteSession, inbox: Inbox, submission: Submission) -> None: ...
+    def _send_abort(self, session: RemoteSession, qid: int | None, reason: AbortReason) -> asyncio.Future[int]: ...
+    async def _ask_shard(self, session: RemoteSession, request: Callable[[Any], Any]) -> Any: ...
+    def _forget(self, session: RemoteSession) -> None: ...
 
 
 class RemoteSession:
@@ -74,23 +74,26 @@ class RemoteSession:
             msg = f"session {self.key!r} is closed"
             raise RuntimeClosed(msg)
         router = self._router
-        qid = router.next_qid()
+        qid = router._next_qid()  # noqa: SLF001 - its own runtime's routing
         inbox = Inbox(self, qid)
-        router.submit(self, inbox, Submission(self.key, qid, router.stream, prompt, events, overrides))
+        router._submit(self, inbox, Submission(self.key, qid, router.stream, prompt, events, overrides))  # noqa: SLF001
         return RemoteQuery(inbox)
 
     async def abort(self, reason: AbortReason = "user") -> int:
         """Abort whatever runs in the session, on its shard; returns how many of its actors acknowledged it
         (0 when none was reached: the shard gone, the session closed there, the shard's runtime closing)."""
-        return await self._router.send_abort(self, None, reason)
+        return await self._router._send_abort(self, None, reason)  # noqa: SLF001 - its own runtime's routing
 
     async def transcript(self) -> list[TranscriptMessage]:
-        messages: list[TranscriptMessage] = await self._router.call(self, "transcript", self.key)
+        key, router = self.key, self._router
+        messages: list[TranscriptMessage] = await router._ask_shard(self, lambda shard: shard.transcript.remote(key))  # noqa: SLF001
         return messages
 
     async def sidechains(self) -> dict[str, Sidechain]:
         """As `Session.sidechains`: the subagents' conversations, by agent id (from its shard)."""
-        found: dict[str, Sidechain] = await self._router.call(self, "sidechains", self.key)
+        key = self.key
+        router = self._router
+        found: dict[str, Sidechain] = await router._ask_shard(self, lambda shard: shard.sidechains.remote(key))  # noqa: SLF001
         return found
 
     async def close(self) -> None:
@@ -100,9 +103,10 @@ class RemoteSession:
         self.closed = True
         try:
             if self.lost is None:
-                await self._router.call(self, "close_session", self.key)
+                key = self.key
+                await self._router._ask_shard(self, lambda shard: shard.close_session.remote(key))  # noqa: SLF001
         finally:
-            self._router.forget(self)
+            self._router._forget(self)  # noqa: SLF001 - its own runtime's routing
 
 
 class Inbox(HostStream):
@@ -165,7 +169,7 @@ class Inbox(HostStream):
 
     def abort(self, reason: AbortReason) -> None:
         if not self.ended:
-            self.session._router.send_abort(self.session, self.qid, reason)  # noqa: SLF001 - its own router
+            self.session._router._send_abort(self.session, self.qid, reason)  # noqa: SLF001 - its own router
 
     def leave(self, reason: AbortReason = "user") -> None:
         """The consumer goes away: the query is aborted on its shard (if it still runs)."""
@@ -177,7 +181,7 @@ class Inbox(HostStream):
             self._settle()
             self.result = self.result or self.arrived
             return
-        self.session._router.send_abort(self.session, self.qid, reason)  # noqa: SLF001 - its own router
+        self.session._router._send_abort(self.session, self.qid, reason)  # noqa: SLF001 - its own router
 
     def dropped(self) -> None:
         # A finalizer may run on any thread: the abort goes through the driver's loop.

@@ -42,7 +42,7 @@ from queryloop.runtime.ray.shard import Shard
 from queryloop.runtime.ray.wire import CONTROL, KEY, SessionNotHere, Submission, decode
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping
 
     from queryloop.runtime.kernel.messages import AbortReason
 
@@ -254,12 +254,12 @@ class ShardedRuntime:
             raise
         return session
 
-    # -- what sessions and queries ask (the `_Router` of `query`) ---------------------------------------
+    # -- what sessions and queries ask (`query._Router`: private, the runtime's own) -------------------------
 
-    def next_qid(self) -> int:
+    def _next_qid(self) -> int:
         return next(self._qids)
 
-    def submit(self, session: RemoteSession, inbox: Inbox, submission: Submission) -> None:
+    def _submit(self, session: RemoteSession, inbox: Inbox, submission: Submission) -> None:
         state = self._shards[session.shard]
         self._inboxes[inbox.qid] = (state, inbox)
         state.pending.append(submission)
@@ -276,7 +276,7 @@ class ShardedRuntime:
                 if state.alive:
                     self._spawn(self._checked(state, state.actor.submit.remote(pending)))
 
-    def send_abort(self, session: RemoteSession, qid: int | None, reason: AbortReason) -> asyncio.Future[int]:
+    def _send_abort(self, session: RemoteSession, qid: int | None, reason: AbortReason) -> asyncio.Future[int]:
         """Abort query `qid` (None: whatever runs) of `session` on its shard's control lane."""
         state = self._shards[session.shard]
         if not state.alive or session.lost is not None:
@@ -285,13 +285,14 @@ class ShardedRuntime:
             return done
         return self._spawn(self._checked(state, state.actor.abort.remote(session.key, qid, reason), default=0))
 
-    async def call(self, session: RemoteSession, name: str, *args: Any) -> Any:
+    async def _ask_shard(self, session: RemoteSession, request: Callable[[Any], Any]) -> Any:
+        """`request(shard actor)` (a Ray call on `session`'s shard), its answer unwrapped; a lost session raises."""
         if session.lost is not None:
             raise session.lost
         state = self._shards[session.shard]
-        return await self._unwrap(state, session.key, getattr(state.actor, name).remote(*args))
+        return await self._unwrap(state, session.key, request(state.actor))
 
-    def forget(self, session: RemoteSession) -> None:
+    def _forget(self, session: RemoteSession) -> None:
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
         state = self._shards[session.shard]
