@@ -48,10 +48,17 @@ from queryloop.runtime.loop.events import (
     api_error_message,
     assistant_message,
     new_uuid,
-    stream_event,
 )
 from queryloop.runtime.loop.max_tokens import max_tokens_fix, withheld_cut_off
-from queryloop.runtime.loop.model import MAX_TOKENS_KINDS, FallbackTriggered, ModelError, ModelProvider, ModelRequest
+from queryloop.runtime.loop.model import (
+    FORWARDED_AS_THEY_ARE,
+    MAX_TOKENS_KINDS,
+    FallbackTriggered,
+    ModelError,
+    ModelProvider,
+    ModelRequest,
+    noted_event,
+)
 from queryloop.runtime.loop.stream import MALFORMED, CompletedBlock, ResponseAssembler, usage_from
 
 if TYPE_CHECKING:
@@ -224,29 +231,6 @@ class _Tries:
         self.emitted = False
 
 
-_FORWARDED_AS_THEY_ARE = ("content_block_start", "content_block_stop", "message_stop")
-"""Event types that are forwarded unchecked when they come in a plain dict, as a `content_block_delta` is: their
-`type` is a string, and they carry no usage (`message_start` and `message_delta` do, and `_noted` notes it). A
-tuple: an unhashable `type` (a malformed event) must reach `_noted`, not raise in a set's lookup."""
-
-
-def _noted(raw: Any, kind: Any, progress: CallProgress) -> Any:
-    """An event neither a delta nor `_FORWARDED_AS_THEY_ARE` (`kind`: its type, read already; None for any
-    object but a plain dict), checked before it is forwarded, its usage noted: the item to forward (a dict
-    subclass wrapped here, since the consumer's handle wraps plain dicts only)."""
-    if kind is None and isinstance(raw, dict):
-        kind = raw.get("type")
-    if kind.__class__ is not str:
-        # Nothing of it was forwarded: like a provider's own classified error, retried if nothing was.
-        msg = f"malformed stream event: no type in {raw!r:.200}"
-        raise ModelError("api_error", msg)
-    if kind == "message_start":
-        progress.start_usage, progress.delta_usage = model.checked_usage(kind, raw["message"].get("usage") or {}), None
-    elif kind == "message_delta" and progress.start_usage is not None:
-        progress.delta_usage = model.checked_usage(kind, raw.get("usage") or {})
-    return raw if raw.__class__ is dict else stream_event(raw)
-
-
 class ModelCaller(TrioActor):
     actor_name = "ModelCaller"
 
@@ -393,12 +377,12 @@ class ModelCaller(TrioActor):
             buffered = events.items
             item: Any
             async for raw in stream:
-                # An event in a plain dict that carries no usage (all but two a response): none of `_noted`'s checks.
+                # An event in a plain dict that carries no usage (all but two a response): no `noted_event` checks.
                 kind = raw.get("type") if raw.__class__ is dict else None
-                if kind == "content_block_delta" or kind in _FORWARDED_AS_THEY_ARE:  # a delta first: most events
+                if kind == "content_block_delta" or kind in FORWARDED_AS_THEY_ARE:  # a delta first: most events
                     item = raw
                 else:
-                    item = _noted(raw, kind, progress)
+                    item = noted_event(raw, kind, progress)
                 if progress.cut:
                     continue  # the loop has ended the query: this task's cancellation lands at the next step
                 if not tries.emitted:
@@ -406,13 +390,7 @@ class ModelCaller(TrioActor):
                         model.before_message_start(raw, kind, item, held)
                         item = None
                     else:
-                        tries.emitted = True
-                        progress.held = None
-                        if len(buffered) + len(held) < events.limit:  # the start goes first; `item` wakes the consumer
-                            buffered.extend(held)
-                        else:
-                            for early in held:
-                                await self._emit(call, early)
+                        await self._show_held(call, tries, held)
                 if item is None:
                     pass
                 elif len(buffered) < events.limit:  # `events.send_nowait(item)` written out (`EventChannel`'s note)
@@ -430,6 +408,24 @@ class ModelCaller(TrioActor):
                     self._hand_over(completed, assembler, call)
         finally:
             await stream.aclose()
+        return self._ended(call, request, assembler)
+
+    async def _show_held(self, call: StartCall, tries: _Tries, held: list[Any]) -> None:
+        """The request's first event past its `message_start` came: from now on it has been seen (a failure is no
+        longer retried), and the held start is forwarded, ahead of that event."""
+        tries.emitted = True
+        call.progress.held = None
+        events = call.events
+        buffered = events.items
+        if len(buffered) + len(held) < events.limit:  # the start goes first; the event wakes the consumer
+            buffered.extend(held)
+        else:
+            for early in held:
+                await self._emit(call, early)
+
+    def _ended(self, call: StartCall, request: ModelRequest, assembler: ResponseAssembler) -> CallEnded:
+        """The end of a request whose stream has ended: its blocks cut off handed over (answered with an error,
+        never run), or a `connection` error for a stream that ended before `message_stop`."""
         if not assembler.stopped:
             raise ModelError("connection", "stream ended before message_stop")
         for cut in assembler.close_truncated():

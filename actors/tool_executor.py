@@ -200,39 +200,60 @@ class StreamingToolExecutor(TrioActor):
         self._process_queue()
 
     async def _run(self, entry: _Entry, turn: BeginTurn) -> ToolResult:
-        block = entry.block
-        name = block.get("name", "")
+        name = entry.block.get("name", "")
         tool = turn.tools.get(name)
         if entry.input_error is not None:
             return _failed(entry, entry.input_error)
         if tool is None:
             return _failed(entry, f"Error: No such tool available: {name}")
-        raw_input: dict[str, Any] = block.get("input") or {}
+        admitted = await self._admitted(entry, tool, turn)
+        if isinstance(admitted, ToolResult):
+            return admitted
+        raw_input, args = admitted
+        output, is_error = await self._call(entry, tool, args, turn)
+        tool_use_id = entry.id
+        if not turn.post_tool_use_hooks:
+            message = tool_result_message(tool_use_id, output, is_error=is_error)
+            return tool_result(tool_use_id=tool_use_id, message=message)
+        hook_messages, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
+        return ToolResult(
+            tool_use_id=tool_use_id,
+            message=tool_result_message(tool_use_id, output, is_error=is_error),
+            hook_messages=hook_messages,
+            prevent_continuation=prevent,
+        )
+
+    async def _admitted(self, entry: _Entry, tool: Tool, turn: BeginTurn) -> tuple[dict[str, Any], Any] | ToolResult:
+        """The input the tool runs with, raw and parsed (the one `can_use_tool` gave in its stead, if it did), or
+        the error result for input refused by the tool's model or a permission denied (or whose check failed)."""
+        name = entry.block.get("name", "")
+        raw_input: dict[str, Any] = entry.block.get("input") or {}
         parsed = self._parse(entry, tool, raw_input)
         if isinstance(parsed, ToolResult):
             return parsed
-        args = parsed
-        if turn.can_use_tool is not None:
-            try:
-                decision = checked_permission(await turn.can_use_tool(name, raw_input))
-            except Exception as error:  # noqa: BLE001 - the host's callback: an error result, never a dead session
-                # Never taken as an allow: the tool does not run, and the result's `errors` names why.
-                self.log.opt(exception=error).warning("can_use_tool failed for {} ({})", name, entry.id)
-                text = f"can_use_tool failed for {name} ({entry.id}): {failure_text(error)}"
-                return _failed(entry, f"Error: permission check failed: {failure_text(error)}", host_error=text)
-            if isinstance(decision, Deny):
-                return _failed(entry, decision.message)
-            if decision.updated_input is not None:
-                raw_input = decision.updated_input
-                parsed = self._parse(entry, tool, raw_input)
-                if isinstance(parsed, ToolResult):
-                    return parsed
-                args = parsed
+        if turn.can_use_tool is None:
+            return raw_input, parsed
+        try:
+            decision = checked_permission(await turn.can_use_tool(name, raw_input))
+        except Exception as error:  # noqa: BLE001 - the host's callback: an error result, never a dead session
+            # Never taken as an allow: the tool does not run, and the result's `errors` names why.
+            self.log.opt(exception=error).warning("can_use_tool failed for {} ({})", name, entry.id)
+            text = f"can_use_tool failed for {name} ({entry.id}): {failure_text(error)}"
+            return _failed(entry, f"Error: permission check failed: {failure_text(error)}", host_error=text)
+        if isinstance(decision, Deny):
+            return _failed(entry, decision.message)
+        if decision.updated_input is None:
+            return raw_input, parsed
+        parsed = self._parse(entry, tool, decision.updated_input)
+        return parsed if isinstance(parsed, ToolResult) else (decision.updated_input, parsed)
 
+    async def _call(self, entry: _Entry, tool: Tool, args: Any, turn: BeginTurn) -> tuple[ToolOutput, bool]:
+        """The tool's output for `args` and whether it is an error: a timeout, an exception, or an output that
+        is neither a string nor plain JSON."""
+        name = entry.block.get("name", "")
         output: ToolOutput
         is_error = False
-        tool_use_id = entry.id
-        context = ToolContext(tool_use_id, turn.report)
+        context = ToolContext(entry.id, turn.report)
         try:
             if tool.timeout_s is None:  # no deadline, no cancel scope to pay for
                 output = await tool.run(args, context)
@@ -244,20 +265,11 @@ class StreamingToolExecutor(TrioActor):
         except Exception as error:  # noqa: BLE001 - a failing tool is an error result, never a dead session
             # A `ToolError` is the tool's own report (its message says it all); anything else is a bug: its traceback.
             trace = None if isinstance(error, ToolError) else error
-            self.log.opt(exception=trace).warning("tool {} ({}) raised {}", name, tool_use_id, failure_text(error))
+            self.log.opt(exception=trace).warning("tool {} ({}) raised {}", name, entry.id, failure_text(error))
             output, is_error = tool_error(f"Error: {error}"), True
         if output.__class__ is not str and not is_error:
             output, is_error = self._as_json(name, output)
-        if not turn.post_tool_use_hooks:
-            message = tool_result_message(tool_use_id, output, is_error=is_error)
-            return tool_result(tool_use_id=tool_use_id, message=message)
-        hook_messages, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
-        return ToolResult(
-            tool_use_id=tool_use_id,
-            message=tool_result_message(tool_use_id, output, is_error=is_error),
-            hook_messages=hook_messages,
-            prevent_continuation=prevent,
-        )
+        return output, is_error
 
     def _parse(self, entry: _Entry, tool: Tool, raw_input: dict[str, Any]) -> Any:
         """The tool's parsed input, or the error result for input its model refused (or whose validator,

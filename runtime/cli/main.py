@@ -36,6 +36,7 @@ from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
 from queryloop.runtime.loop.events import (
     AssistantMessage,
+    Block,
     ProgressEvent,
     QueryEvent,
     ResultMessage,
@@ -124,12 +125,7 @@ class LiveView:
         elif isinstance(event, AssistantMessage):
             self._assistant(event)
         elif isinstance(event, UserMessage) and isinstance(event.content, list):
-            for block in event.content:
-                row = self.tools.get(block.get("tool_use_id", ""))
-                if block.get("type") == "tool_result" and row is not None:
-                    first = str(block.get("content", "")).splitlines()[0][:100] if block.get("content") else ""
-                    row.result = printable(first, multiline=False)
-                    row.is_error = bool(block.get("is_error"))
+            self._results(event.content)
         elif isinstance(event, ProgressEvent) and event.tool_use_id in self.tools:
             self.tools[event.tool_use_id].progress = printable(str(event.data), multiline=False)
         elif isinstance(event, ToolUseSummaryEvent):
@@ -138,14 +134,16 @@ class LiveView:
             said = f"  [{printable(event.subtype, multiline=False)}] {printable(event.content)}"
             self.lines.append(Text(said, style="yellow"))
         elif isinstance(event, ResultMessage):
-            style = "red" if event.is_error else "green"
-            # An API error ends a query `success` with `is_error` (as Claude Code reports it): an error.
-            label = "error" if event.is_error and event.subtype == "success" else event.subtype
-            self.footer = Text(
-                f"{label}: {event.num_turns} turns, {event.usage.input_tokens} in / "
-                f"{event.usage.output_tokens} out tokens, ${event.total_cost_usd:.4f}",
-                style=style,
-            )
+            self.footer = _footer(event)
+
+    def _results(self, blocks: list[Block]) -> None:
+        """Each tool_result on its tool's row: the first line of its content (100 characters at most)."""
+        for block in blocks:
+            row = self.tools.get(block.get("tool_use_id", ""))
+            if block.get("type") == "tool_result" and row is not None:
+                first = str(block.get("content", "")).splitlines()[0][:100] if block.get("content") else ""
+                row.result = printable(first, multiline=False)
+                row.is_error = bool(block.get("is_error"))
 
     def _assistant(self, message: AssistantMessage) -> None:
         block = message.content[0]
@@ -177,6 +175,17 @@ class LiveView:
         if self.footer is not None:
             parts.append(self.footer)
         return Group(*parts)
+
+
+def _footer(result: ResultMessage) -> Text:
+    """How the query ended, its turns, tokens and cost: green, or red for an error."""
+    # An API error ends a query `success` with `is_error` (as Claude Code reports it): an error.
+    label = "error" if result.is_error and result.subtype == "success" else result.subtype
+    return Text(
+        f"{label}: {result.num_turns} turns, {result.usage.input_tokens} in / "
+        f"{result.usage.output_tokens} out tokens, ${result.total_cost_usd:.4f}",
+        style="red" if result.is_error else "green",
+    )
 
 
 class _UsageError(Exception):

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from queryloop.runtime.errors import QueryloopError
 from queryloop.runtime.host.runtime import Runtime
+from queryloop.runtime.host.session import Session
 from queryloop.runtime.loop.events import QueryEvent, StreamEvent, Usage, UserMessage
 from queryloop.runtime.loop.hooks import HookDecision, PostToolUseInput, StopHookInput
 from queryloop.runtime.loop.model import ModelRequest
@@ -190,21 +191,50 @@ async def run_scenario(scenario: Scenario) -> dict[str, Any]:
     """Run the scenario's query on a fresh runtime; the verdict of docs/scenarios.md."""
     model = ScriptedModel(scenario.entries(), name="model")
     fire = trio.Event()
+    abort = scenario.abort
+    options = _query_options(scenario, model, fire)
+    labels: list[str] = []
+    events: list[QueryEvent] = []
+    async with Runtime.open(tune_gc=True) as runtime:  # the scenario command owns its process
+        session = await runtime.open_session(options)
+        handle = session.query(scenario.prompt)
+        async with trio.open_nursery() as nursery:
+            if abort is not None:
+                await _arm_abort(nursery, session, abort, fire)
+            async for event in handle:
+                events.append(event)
+                labels.append(event.label)
+                if abort is not None and _fires_while_streaming(abort, event, model):
+                    fire.set()
+            nursery.cancel_scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        leftover = session.live_tasks()
+        if abort is not None and abort.phase == "after_end":
+            await session.abort(abort.reason)
+        transcript = await session.transcript()
+        await session.close()
+    return _verdict(
+        terminal=handle.terminal,
+        transitions=handle.transitions,
+        result=handle.result,
+        labels=labels,
+        events=events,
+        model=model,
+        transcript=transcript,
+        leftover=leftover,
+    )
+
+
+def _query_options(scenario: Scenario, model: ScriptedModel, fire: trio.Event) -> QueryOptions:
+    """The options of the scenario's session: its own, its scripted tools and hooks, and the scripted models
+    (the compactor's first call fires the abort trigger when the abort's phase is `compacting`)."""
     script = _Script(scenario, model, fire)
     o = scenario.options
     abort = scenario.abort
-    summarizer = (
-        ScriptedModel([parse_entry(e) for e in scenario.summarizer_model], name="summarizer")
-        if scenario.summarizer_model is not None
-        else fixed_reply_model("Ran the tools", name="summarizer")
-    )
-    compactor = (
-        ScriptedModel([parse_entry(e) for e in scenario.compact_model], name="compactor")
-        if scenario.compact_model is not None
-        else fixed_reply_model("Summary of the conversation so far.", name="compactor")
-    )
+    summarizer = _side_model(scenario.summarizer_model, "Ran the tools", name="summarizer")
+    compactor = _side_model(scenario.compact_model, "Summary of the conversation so far.", name="compactor")
     compacting = abort is not None and abort.phase == "compacting"
-    options = QueryOptions(
+    return QueryOptions(
         model=o.model,
         fallback_model=o.fallback_model,
         max_turns=o.max_turns,
@@ -224,52 +254,37 @@ async def run_scenario(scenario: Scenario) -> dict[str, Any]:
         summary_provider=summarizer,
         compact_provider=_Watched(compactor, fire if compacting else None),
     )
-    labels: list[str] = []
-    events: list[QueryEvent] = []
-    async with Runtime.open(tune_gc=True) as runtime:  # the scenario command owns its process
-        session = await runtime.open_session(options)
-        handle = session.query(scenario.prompt)
-        async with trio.open_nursery() as nursery:
-            if abort is not None:
 
-                async def watcher() -> None:
-                    if abort.after_ms is not None:
-                        await trio.sleep(abort.after_ms / 1000)
-                    else:
-                        await fire.wait()
-                    await session.abort(abort.reason)
 
-                if abort.phase not in ("before_start", "after_end"):
-                    nursery.start_soon(watcher)
-                if abort.phase == "before_start":
-                    await session.abort(abort.reason)
-            async for event in handle:
-                events.append(event)
-                labels.append(event.label)
-                if (
-                    abort is not None
-                    and abort.phase == "streaming"
-                    and isinstance(event, StreamEvent)
-                    and len(model.requests) == abort.call
-                ):
-                    fire.set()
-            nursery.cancel_scope.cancel()
-        await trio.testing.wait_all_tasks_blocked()
-        leftover = session.live_tasks()
-        if abort is not None and abort.phase == "after_end":
-            await session.abort(abort.reason)
-        transcript = await session.transcript()
-        await session.close()
-    return _verdict(
-        terminal=handle.terminal,
-        transitions=handle.transitions,
-        result=handle.result,
-        labels=labels,
-        events=events,
-        model=model,
-        transcript=transcript,
-        leftover=leftover,
-    )
+def _side_model(entries: list[dict[str, Any]] | None, reply: str, *, name: str) -> ScriptedModel:
+    """The summarizer's or compactor's model: the scenario's script for it, else one fixed reply."""
+    if entries is None:
+        return fixed_reply_model(reply, name=name)
+    return ScriptedModel([parse_entry(e) for e in entries], name=name)
+
+
+async def _arm_abort(nursery: trio.Nursery, session: Session, abort: ScenarioAbort, fire: trio.Event) -> None:
+    """Abort now (`before_start`), or start the watcher that aborts after `after_ms` or once the trigger fires
+    (`after_end` is the runner's, once the query has ended)."""
+    if abort.phase == "before_start":
+        await session.abort(abort.reason)
+        return
+    if abort.phase == "after_end":
+        return
+
+    async def watcher() -> None:
+        if abort.after_ms is not None:
+            await trio.sleep(abort.after_ms / 1000)
+        else:
+            await fire.wait()
+        await session.abort(abort.reason)
+
+    nursery.start_soon(watcher)
+
+
+def _fires_while_streaming(abort: ScenarioAbort, event: QueryEvent, model: ScriptedModel) -> bool:
+    """Whether this event fires a `streaming` abort: a stream event of the model call the abort names."""
+    return abort.phase == "streaming" and isinstance(event, StreamEvent) and len(model.requests) == abort.call
 
 
 class _Watched:

@@ -338,33 +338,36 @@ def snip(messages: list[TranscriptMessage], max_rounds: int | None) -> tuple[lis
 
 def microcompact(messages: list[TranscriptMessage], keep_recent: int) -> tuple[list[TranscriptMessage], int]:
     """Clear the content of every tool result but the `keep_recent` newest; the blocks (and pairing) stay."""
-    every_result = [
+    every_result = _tool_result_positions(messages)
+    older = every_result[: max(0, len(every_result) - keep_recent)]
+    # Only what is not cleared yet: the newest `keep_recent` always stay whole, whatever ran before.
+    to_clear = {(i, j) for i, j in older if _content_at(messages, i, j) != CLEARED_TOOL_RESULT}
+    if not to_clear:
+        return messages, 0
+    return [_cleared(i, message, to_clear) for i, message in enumerate(messages)], len(to_clear)
+
+
+def _tool_result_positions(messages: list[TranscriptMessage]) -> list[tuple[int, int]]:
+    """Where each tool result is, oldest first: its message's index and its block's."""
+    return [
         (i, j)
         for i, m in enumerate(messages)
         if isinstance(m, UserMessage) and isinstance(m.content, list)
         for j, b in enumerate(m.content)
         if b.get("type") == "tool_result"
     ]
-    older = every_result[: max(0, len(every_result) - keep_recent)]
-    # Only what is not cleared yet: the newest `keep_recent` always stay whole, whatever ran before.
-    to_clear = {(i, j) for i, j in older if _content_at(messages, i, j) != CLEARED_TOOL_RESULT}
-    if not to_clear:
-        return messages, 0
-    out: list[TranscriptMessage] = []
-    for i, message in enumerate(messages):
-        if (
-            isinstance(message, UserMessage)
-            and isinstance(message.content, list)
-            and any((i, j) in to_clear for j in range(len(message.content)))
-        ):
-            blocks = [
-                {**b, "content": CLEARED_TOOL_RESULT} if (i, j) in to_clear else b
-                for j, b in enumerate(message.content)
-            ]
-            out.append(message.model_copy(update={"content": blocks}))
-        else:
-            out.append(message)
-    return out, len(to_clear)
+
+
+def _cleared(i: int, message: TranscriptMessage, to_clear: set[tuple[int, int]]) -> TranscriptMessage:
+    """Message `i` with the content of its tool results at positions in `to_clear` cleared (itself if none is)."""
+    if not (
+        isinstance(message, UserMessage)
+        and isinstance(message.content, list)
+        and any((i, j) in to_clear for j in range(len(message.content)))
+    ):
+        return message
+    blocks = [{**b, "content": CLEARED_TOOL_RESULT} if (i, j) in to_clear else b for j, b in enumerate(message.content)]
+    return message.model_copy(update={"content": blocks})
 
 
 def _content_at(messages: list[TranscriptMessage], i: int, j: int) -> Any:

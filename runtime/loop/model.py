@@ -17,7 +17,7 @@ from pydantic import ConfigDict
 
 from queryloop.runtime._records import keyword_maker, record
 from queryloop.runtime.errors import QueryloopError
-from queryloop.runtime.loop.events import Model
+from queryloop.runtime.loop.events import Model, stream_event
 
 ModelErrorKind = Literal[
     "prompt_too_long",
@@ -270,6 +270,37 @@ def before_message_start(raw: Any, kind: Any, item: Any, held: list[Any]) -> Non
     elif kind != "ping":
         msg = f"malformed stream: {kind!r} before message_start"
         raise ModelError("api_error", msg)
+
+
+class NotedUsage(Protocol):
+    """Where a call notes the raw `usage` objects its stream reported (the ModelCaller's `CallProgress`): turned
+    into a `Usage` only when a call cut short is billed."""
+
+    start_usage: dict[str, Any] | None
+    delta_usage: dict[str, Any] | None
+
+
+FORWARDED_AS_THEY_ARE = ("content_block_start", "content_block_stop", "message_stop")
+"""Event types that are forwarded unchecked when they come in a plain dict, as a `content_block_delta` is: their
+`type` is a string, and they carry no usage (`message_start` and `message_delta` do, and `noted_event` notes it). A
+tuple: an unhashable `type` (a malformed event) must reach `noted_event`, not raise in a set's lookup."""
+
+
+def noted_event(raw: Any, kind: Any, progress: NotedUsage) -> Any:
+    """An event neither a delta nor `FORWARDED_AS_THEY_ARE` (`kind`: its type, read already; None for any
+    object but a plain dict), checked before it is forwarded, its usage noted: the item to forward (a dict
+    subclass wrapped here, since the consumer's handle wraps plain dicts only)."""
+    if kind is None and isinstance(raw, dict):
+        kind = raw.get("type")
+    if kind.__class__ is not str:
+        # Nothing of it was forwarded: like a provider's own classified error, retried if nothing was.
+        msg = f"malformed stream event: no type in {raw!r:.200}"
+        raise ModelError("api_error", msg)
+    if kind == "message_start":
+        progress.start_usage, progress.delta_usage = checked_usage(kind, raw["message"].get("usage") or {}), None
+    elif kind == "message_delta" and progress.start_usage is not None:
+        progress.delta_usage = checked_usage(kind, raw.get("usage") or {})
+    return raw if raw.__class__ is dict else stream_event(raw)
 
 
 def _rebuild_model_error(

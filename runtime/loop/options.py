@@ -169,30 +169,10 @@ class QueryOptions(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> QueryOptions:
         names = [t.name for t in self.tools]
-        if len(set(names)) < len(names):
-            duplicates = sorted({n for n in names if names.count(n) > 1})
-            msg = f"tools: duplicate tool names {duplicates}"
-            raise ValueError(msg)
-        if self.output_type is not None and STRUCTURED_OUTPUT_TOOL in names:
-            msg = f"tools: {STRUCTURED_OUTPUT_TOOL!r} is the structured output tool's name; rename your tool"
-            raise ValueError(msg)
-        if self.agents:
-            if AGENT_TOOL_NAME in names:
-                msg = f"tools: {AGENT_TOOL_NAME!r} is the subagent tool's name; rename your tool or drop `agents`"
-                raise ValueError(msg)
-            for agent_name, agent in self.agents.items():
-                unknown = sorted(set(agent.tools or ()) - set(names))
-                if unknown:
-                    msg = f"agents[{agent_name!r}].tools: no such tools {unknown} among the session's tools"
-                    raise ValueError(msg)
-                if agent.model is not None:
-                    pricing_for(agent.model, self.pricing if agent.model == self.model else None)
-        # A model without a known price is refused here, not priced at $0 later.
-        pricing_for(self.model, self.pricing)
-        if self.small_model != self.model:
-            pricing_for(self.small_model)
-        if self.fallback_model is not None and self.fallback_model != self.model:
-            pricing_for(self.fallback_model)
+        _check_tool_names(names, structured_output=self.output_type is not None, agents=bool(self.agents))
+        for agent_name, agent in self.agents.items():
+            _check_agent(agent_name, agent, names, self)
+        _check_prices(self)
         return self
 
     def asyncio_provider(self) -> ModelProvider | None:
@@ -205,3 +185,38 @@ class QueryOptions(BaseModel):
             if agent.provider is not None and runs_on_asyncio(agent.provider):
                 return agent.provider
         return None
+
+
+def _check_tool_names(names: list[str], *, structured_output: bool, agents: bool) -> None:
+    """Refuse tools that share a name, or that take the name of a tool the runtime adds: the structured output
+    tool's (with an `output_type`) or the subagent tool's (with `agents`)."""
+    if len(set(names)) < len(names):
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        msg = f"tools: duplicate tool names {duplicates}"
+        raise ValueError(msg)
+    if structured_output and STRUCTURED_OUTPUT_TOOL in names:
+        msg = f"tools: {STRUCTURED_OUTPUT_TOOL!r} is the structured output tool's name; rename your tool"
+        raise ValueError(msg)
+    if agents and AGENT_TOOL_NAME in names:
+        msg = f"tools: {AGENT_TOOL_NAME!r} is the subagent tool's name; rename your tool or drop `agents`"
+        raise ValueError(msg)
+
+
+def _check_agent(agent_name: str, agent: AgentDefinition, names: list[str], options: QueryOptions) -> None:
+    """Refuse a subagent that names a tool the session does not have, or runs on a model without a known price."""
+    unknown = sorted(set(agent.tools or ()) - set(names))
+    if unknown:
+        msg = f"agents[{agent_name!r}].tools: no such tools {unknown} among the session's tools"
+        raise ValueError(msg)
+    if agent.model is not None:
+        pricing_for(agent.model, options.pricing if agent.model == options.model else None)
+
+
+def _check_prices(options: QueryOptions) -> None:
+    """Refuse a model of the session (main, small, fallback) without a known price."""
+    # A model without a known price is refused here, not priced at $0 later.
+    pricing_for(options.model, options.pricing)
+    if options.small_model != options.model:
+        pricing_for(options.small_model)
+    if options.fallback_model is not None and options.fallback_model != options.model:
+        pricing_for(options.fallback_model)

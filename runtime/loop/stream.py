@@ -93,39 +93,52 @@ class ResponseAssembler:
                 self._last_pieces.append(delta.get(self._last_key, ""))
                 return None
             self._delta(index, delta)
-        elif kind == "content_block_start":
-            if not self.started:
-                self._before_start(kind)
-            index = event["index"]
-            block = self._open[index] = dict(event["content_block"])
-            if "input" in block:  # tool_use, server_tool_use, mcp_tool_use: input streams as JSON
-                self._json[index] = []
-            if "citations" in block:  # extended by citations_delta: the event's own list must stay as it came
-                block["citations"] = list(block["citations"] or ())
-        elif kind == "content_block_stop":
+            return None
+        if kind == "content_block_stop":
             return self._complete(event["index"])
+        if kind == "content_block_start":
+            self._start_block(event)
         elif kind == "message_start":
-            self.started = True
-            self._last_index = -1
-            message = event["message"]
-            self.message_id = message.get("id", "")
-            self.model = message.get("model", "")
-            self._input_tokens = self._output_tokens = 0
-            self._cache_creation_input_tokens = self._cache_read_input_tokens = 0
-            self._cache_creation_1h_input_tokens = 0
-            self._count(message.get("usage") or {})
+            self._start_message(event)
         elif kind == "message_delta":
-            if not self.started:
-                self._before_start(kind)
-            delta = event.get("delta") or {}
-            self.stop_reason = delta.get("stop_reason", self.stop_reason)
-            self.stop_details = delta.get("stop_details", self.stop_details)
-            self._count(event.get("usage") or {})
+            self._message_delta(event)
         elif kind == "message_stop":
-            if not self.started:
-                self._before_start(kind)
-            self.stopped = True
-        return None
+            self._stop_message()
+        return None  # a ping or an unknown event changes nothing
+
+    def _start_block(self, event: dict[str, Any]) -> None:
+        if not self.started:
+            self._before_start("content_block_start")
+        index = event["index"]
+        block = self._open[index] = dict(event["content_block"])
+        if "input" in block:  # tool_use, server_tool_use, mcp_tool_use: input streams as JSON
+            self._json[index] = []
+        if "citations" in block:  # extended by citations_delta: the event's own list must stay as it came
+            block["citations"] = list(block["citations"] or ())
+
+    def _start_message(self, event: dict[str, Any]) -> None:
+        self.started = True
+        self._last_index = -1
+        message = event["message"]
+        self.message_id = message.get("id", "")
+        self.model = message.get("model", "")
+        self._input_tokens = self._output_tokens = 0
+        self._cache_creation_input_tokens = self._cache_read_input_tokens = 0
+        self._cache_creation_1h_input_tokens = 0
+        self._count(message.get("usage") or {})
+
+    def _message_delta(self, event: dict[str, Any]) -> None:
+        if not self.started:
+            self._before_start("message_delta")
+        delta = event.get("delta") or {}
+        self.stop_reason = delta.get("stop_reason", self.stop_reason)
+        self.stop_details = delta.get("stop_details", self.stop_details)
+        self._count(event.get("usage") or {})
+
+    def _stop_message(self) -> None:
+        if not self.started:
+            self._before_start("message_stop")
+        self.stopped = True
 
     @staticmethod
     def _before_start(kind: str) -> None:

@@ -401,25 +401,45 @@ def transcript_problems(messages: list[TranscriptMessage]) -> list[str]:
     if merged and merged[0]["role"] != "user":
         problems.append("the first message is not a user message")
     for index, message in enumerate(merged):
-        if index and merged[index - 1]["role"] == message["role"]:
+        previous = merged[index - 1] if index else None
+        following = merged[index + 1] if index + 1 < len(merged) else None
+        if previous is not None and previous["role"] == message["role"]:
             problems.append(f"messages {index - 1} and {index} share the role {message['role']}")
-        previous_uses: set[str] = set()
-        if index and merged[index - 1]["role"] == "assistant":
-            previous_uses = {b["id"] for b in merged[index - 1]["content"] if b.get("type") == "tool_use"}
         if message["role"] == "user":
-            seen: list[str] = [b["tool_use_id"] for b in message["content"] if b.get("type") == "tool_result"]
-            for tool_id in seen:
-                if tool_id not in previous_uses:
-                    problems.append(f"message {index}: tool_result {tool_id} answers no tool_use")
-            for tool_id in {t for t in seen if seen.count(t) > 1}:
-                problems.append(f"message {index}: tool_use {tool_id} has several tool_results")
+            problems.extend(_unmatched_results(index, message, previous))
         if message["role"] == "assistant":
-            uses = [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
-            following = merged[index + 1] if index + 1 < len(merged) else None
-            answered = set()
-            if following is not None:
-                answered = {b["tool_use_id"] for b in following["content"] if b.get("type") == "tool_result"}
-            problems.extend(
-                f"message {index}: tool_use {tool_id} has no tool_result" for tool_id in uses if tool_id not in answered
-            )
+            problems.extend(_unanswered_uses(index, message, following))
     return problems
+
+
+def _block_ids(message: dict[str, Any], block_type: str, key: str) -> list[str]:
+    """The `key` of each of a message's blocks of `block_type`, in order (a tool_use's id, a tool_result's)."""
+    return [b[key] for b in message["content"] if b.get("type") == block_type]
+
+
+def _unmatched_results(index: int, message: dict[str, Any], previous: dict[str, Any] | None) -> list[str]:
+    """The problems of a user message's tool_results: one answering no tool_use of the assistant message just
+    before it, and a tool_use answered more than once."""
+    uses: set[str] = set()
+    if previous is not None and previous["role"] == "assistant":
+        uses = set(_block_ids(previous, "tool_use", "id"))
+    seen = _block_ids(message, "tool_result", "tool_use_id")
+    problems = [
+        f"message {index}: tool_result {tool_id} answers no tool_use" for tool_id in seen if tool_id not in uses
+    ]
+    problems.extend(
+        f"message {index}: tool_use {tool_id} has several tool_results"
+        for tool_id in {t for t in seen if seen.count(t) > 1}
+    )
+    return problems
+
+
+def _unanswered_uses(index: int, message: dict[str, Any], following: dict[str, Any] | None) -> list[str]:
+    """The problems of an assistant message's tool_uses: one that the message just after it answers with no
+    tool_result."""
+    answered = set(_block_ids(following, "tool_result", "tool_use_id")) if following is not None else set()
+    return [
+        f"message {index}: tool_use {tool_id} has no tool_result"
+        for tool_id in _block_ids(message, "tool_use", "id")
+        if tool_id not in answered
+    ]

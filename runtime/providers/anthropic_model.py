@@ -70,12 +70,12 @@ from loguru import logger
 from queryloop.runtime.loop.json_text import loads
 from queryloop.runtime.loop.max_tokens import parse_context_overflow, parse_model_output_cap
 from queryloop.runtime.loop.model import ModelError, ModelErrorKind, ModelRequest, is_prompt_too_long
-from queryloop.runtime.providers.content_encoding import body_decoder
+from queryloop.runtime.providers.content_encoding import BodyDecoder, body_decoder
 from queryloop.runtime.providers.sse import SSEReader, WireDefenceError
 from queryloop.runtime.providers.watchdog import IdleWatchdog
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    from collections.abc import AsyncGenerator, Iterator
 
     import anthropic
     import httpx2
@@ -200,29 +200,21 @@ class AnthropicModel:
                 decoder = body_decoder(response.headers.get("content-encoding")) if raw else None
                 watchdog.start()  # the headers are in: the idle count starts afresh
                 while (chunk := await watchdog.read(chunks)) is not None:
-                    for piece in (chunk,) if decoder is None else decoder.decode(chunk):
-                        for name, data in reader.feed(piece):
-                            event = _decode_event(name, data, response, at_eof=False)
-                            if event is None:
-                                continue
-                            saw_message_stop = saw_message_stop or event["type"] == "message_stop"
-                            if event["type"] == "ping":  # restarts nothing; the consumer's time is not counted
-                                watchdog.pause()
-                                yield event
-                                watchdog.resume()
-                            else:
-                                yield event
-                                watchdog.heard()
+                    for event in _chunk_events(chunk, decoder, reader, response):
+                        saw_message_stop = saw_message_stop or event["type"] == "message_stop"
+                        if event["type"] == "ping":  # restarts nothing; the consumer's time is not counted
+                            watchdog.pause()
+                            yield event
+                            watchdog.resume()
+                        else:
+                            yield event
+                            watchdog.heard()
             except httpx2.RequestError as exc:
                 # The SDK wraps transport errors only while sending; reading the body raises them raw.
                 raise ModelError("connection", f"stream broke: {exc!r}") from exc
-            for name, data in reader.finish():
-                # The last event may lack its blank line (a recording, or a proxy); it is whole exactly
-                # when its data parses, otherwise the connection was cut inside it.
-                event = _decode_event(name, data, response, at_eof=True)
-                if event is not None:
-                    saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
-                    yield event
+            for event in _last_events(reader, response):
+                saw_message_stop = saw_message_stop or event.get("type") == "message_stop"
+                yield event
             if not saw_message_stop:
                 raise ModelError("connection", "stream ended before message_stop")
         except GeneratorExit:
@@ -233,16 +225,7 @@ class AnthropicModel:
             _log_refusal(error, request)
             raise
         finally:
-            with trio.move_on_after(CLOSE_GRACE_S, shield=True):
-                if drain:
-                    # An error ended the stream and the server is closing it: reading on to EOF lets
-                    # every body iterator of the chain finish by itself (httpx2's transport wrapper
-                    # cannot close httpcore's from outside).
-                    with trio.move_on_after(DRAIN_S):
-                        async for _ in chunks:
-                            pass
-                await chunks.aclose()
-                await sdk_stream.close()
+            await _close_body(chunks, sdk_stream, drain=drain)
 
     async def _open(self, request: ModelRequest, watchdog: IdleWatchdog) -> anthropic.AsyncStream[Any]:
         """Send the request; the SDK's stream once the response's headers have come, within the watchdog's
@@ -285,6 +268,46 @@ class AnthropicModel:
         error = watchdog.expired()
         _log_refusal(error, request)
         raise error
+
+
+def _chunk_events(
+    chunk: bytes, decoder: BodyDecoder | None, reader: SSEReader, response: httpx2.Response
+) -> Iterator[dict[str, Any]]:
+    """The events one chunk of the body completes, decoded, lazily: an event is yielded before the next one is
+    read (a malformed one raises only once those before it were taken), and a compressed chunk's pieces are
+    inflated one at a time."""
+    for piece in (chunk,) if decoder is None else decoder.decode(chunk):
+        for name, data in reader.feed(piece):
+            event = _decode_event(name, data, response, at_eof=False)
+            if event is not None:
+                yield event
+
+
+def _last_events(reader: SSEReader, response: httpx2.Response) -> Iterator[dict[str, Any]]:
+    """The events left at the end of the body, lazily."""
+    for name, data in reader.finish():
+        # The last event may lack its blank line (a recording, or a proxy); it is whole exactly
+        # when its data parses, otherwise the connection was cut inside it.
+        event = _decode_event(name, data, response, at_eof=True)
+        if event is not None:
+            yield event
+
+
+async def _close_body(
+    chunks: AsyncGenerator[bytes, None], sdk_stream: anthropic.AsyncStream[Any], *, drain: bool
+) -> None:
+    """Close a response's body and stream, within a grace period even when cancelled; `drain`: read on to the
+    end first, for a while."""
+    with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+        if drain:
+            # An error ended the stream and the server is closing it: reading on to EOF lets
+            # every body iterator of the chain finish by itself (httpx2's transport wrapper
+            # cannot close httpcore's from outside).
+            with trio.move_on_after(DRAIN_S):
+                async for _ in chunks:
+                    pass
+        await chunks.aclose()
+        await sdk_stream.close()
 
 
 def _log_refusal(error: ModelError, request: ModelRequest) -> None:
