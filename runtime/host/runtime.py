@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from pykka import ActorRef
 
     from queryloop.runtime.loop.events import Block
+    from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.mcp.connection import McpConnection
 
 
@@ -211,6 +212,23 @@ class Runtime:
         as a new session, with an id of its own, in that file; the resumed one is left as it was.
         """
         options = options or QueryOptions(**fields)
+        self._check_session_options(options, transcript=transcript, resume=resume, fork=fork)
+        loaded: LoadedTranscript | None = None
+        if resume is not None:
+            loaded = await _load_to_resume(resume)
+            transcript = resume if transcript is None else transcript
+        # The group first: a session id already open fails here, before anything is written.
+        group = await self.start_group(loaded.session_id if loaded is not None and not fork else None)
+        log = await _open_transcript(group, transcript, loaded, resume) if transcript is not None else None
+        loop = self._spawn_actors(group, options, log, loaded, _session_dir(options.session_dir, transcript))
+        session = Session(group, options, loop, log)
+        self._sessions[session.id] = session
+        return session
+
+    def _check_session_options(
+        self, options: QueryOptions, *, transcript: Path | None, resume: Path | None, fork: bool
+    ) -> None:
+        """`open_session`'s arguments, refused with a clear error before anything is started."""
         if options.provider is None:
             msg = "QueryOptions.provider is required: a ScriptedModel offline, an AnthropicModel for the API"
             raise ValueError(msg)
@@ -220,39 +238,30 @@ class Runtime:
         if fork and (resume is None or transcript is None or _same_path(transcript, resume)):
             msg = "fork=True forks a resumed transcript into another file: give resume= and another transcript="
             raise ValueError(msg)
-        loaded: LoadedTranscript | None = None
-        if resume is not None:
-            loaded = await trio.to_thread.run_sync(load_transcript, resume)
-            for problem in loaded.problems:
-                logger.bind(session=loaded.session_id).warning("resuming {}: {}", resume, problem)
-            refuse_damaged(loaded, resume)  # `TranscriptDamaged`, before anything is opened or written
-            transcript = resume if transcript is None else transcript
-        # The group first: a session id already open fails here, before anything is written.
-        group = await self.start_group(loaded.session_id if loaded is not None and not fork else None)
-        log = None
-        if transcript is not None:
-            try:
-                log = await trio.to_thread.run_sync(open_log, transcript, group.session_id, loaded, resume)
-                await log.flush()  # the repairs (or the restored history) on disk before any new message
-            except BaseException:
-                if log is not None:
-                    with suppress(OSError):  # a full disk fails this write too: the error raised says so
-                        log.close()
-                await group.close()
-                raise
+
+    def _spawn_actors(
+        self,
+        group: Supervisor,
+        options: QueryOptions,
+        log: TranscriptLog | None,
+        loaded: LoadedTranscript | None,
+        session_dir: Path | None,
+    ) -> ActorRef[QueryLoop]:
+        """The session's actors; its QueryLoop's ref."""
         # The Compactor and the ToolUseSummarizer are spawned by the QueryLoop on first need, and so is the
         # BudgetGuard where no host budget is set (the loop then accounts inline): most sessions never need
         # them. Under a host budget every call's cost goes to the host, through this session's guard.
+        assert options.provider is not None  # `_check_session_options`
         budget = group.spawn(BudgetGuard, parent=self.host_budget) if self.host_budget is not None else None
         executor = group.spawn(StreamingToolExecutor)
         caller = group.spawn(ModelCaller, options.provider, executor=executor, limiter=self.model_calls)
-        loop = group.spawn(
+        return group.spawn(
             QueryLoop,
             model_caller=caller,
             executor=executor,
             compact_provider=options.compact_provider or options.provider,
             summary_provider=options.summary_provider or options.provider,
-            session_dir=_session_dir(options.session_dir, transcript),
+            session_dir=session_dir,
             budget_guard=budget,
             conversation=loaded.messages if loaded is not None else None,
             transcript=log,
@@ -261,9 +270,6 @@ class Runtime:
             mcp_tools=self._session_mcp_tools,
             detach=self._detach,
         )
-        session = Session(group, options, loop, log)
-        self._sessions[session.id] = session
-        return session
 
     def _detach(self, run: Callable[[], Awaitable[None]]) -> None:
         """Run `run()` in the runtime's nursery, outliving the query and session that started it (a StopFailure
@@ -381,6 +387,33 @@ class Runtime:
         self._sessions.pop(supervisor.session_id, None)
 
 
+async def _load_to_resume(resume: Path) -> LoadedTranscript:
+    """The transcript to resume, its problems logged; `TranscriptDamaged` before anything is opened or written."""
+    loaded = await trio.to_thread.run_sync(load_transcript, resume)
+    for problem in loaded.problems:
+        logger.bind(session=loaded.session_id).warning("resuming {}: {}", resume, problem)
+    refuse_damaged(loaded, resume)
+    return loaded
+
+
+async def _open_transcript(
+    group: Supervisor, transcript: Path, loaded: LoadedTranscript | None, resume: Path | None
+) -> TranscriptLog:
+    """The session's log, the repairs (or the restored history) on disk before any new message; on a failure
+    the group is closed and the error raised."""
+    log = None
+    try:
+        log = await trio.to_thread.run_sync(open_log, transcript, group.session_id, loaded, resume)
+        await log.flush()
+    except BaseException:
+        if log is not None:
+            with suppress(OSError):  # a full disk fails this write too: the error raised says so
+                log.close()
+        await group.close()
+        raise
+    return log
+
+
 def _leaving(group: BaseExceptionGroup[BaseException], host_error: BaseException | None) -> BaseException:
     """What leaves `Runtime.open()` for the group its nursery raised (the rule: `Runtime.open`'s docstring).
 
@@ -388,25 +421,10 @@ def _leaving(group: BaseExceptionGroup[BaseException], host_error: BaseException
     cancelled because a task of the runtime failed raised the nursery's own `Cancelled`, which the nursery
     absorbs: the failure is then the runtime's alone.
     """
-    failures: list[BaseException] = []
-    for error in group.exceptions:
-        if error is host_error:
-            continue
-        rest = error.split(trio.Cancelled)[1] if isinstance(error, BaseExceptionGroup) else error
-        if rest is not None and not isinstance(rest, trio.Cancelled):
-            failures.append(rest)
+    failures = _runtime_failures(group, host_error)
     if host_error is not None and any(error is host_error for error in group.exceptions):
-        if isinstance(host_error, trio.Cancelled):
-            if not failures:
-                return host_error
-            # Only cancelled (by an enclosing scope, which would swallow it): the failures go on, below.
-        elif all(isinstance(failure, Exception) for failure in failures):
-            for failure in failures:
-                _attach(host_error, failure, "a task of the runtime failed meanwhile")
-            return host_error
-        else:  # an interrupt in a task of the runtime goes on, and the block's exception with it
-            leaving = _failed(group, failures)
-            _attach(leaving, host_error, "the block raised meanwhile")
+        leaving = _with_host_error(group, host_error, failures)
+        if leaving is not None:
             return leaving
     if failures:
         return _failed(group, failures)
@@ -415,6 +433,37 @@ def _leaving(group: BaseExceptionGroup[BaseException], host_error: BaseException
     while isinstance(cancelled, BaseExceptionGroup):
         cancelled = cancelled.exceptions[0]
     return cancelled
+
+
+def _runtime_failures(
+    group: BaseExceptionGroup[BaseException], host_error: BaseException | None
+) -> list[BaseException]:
+    """What the runtime's own tasks raised, their cancellations left out (the block's error is not one)."""
+    failures: list[BaseException] = []
+    for error in group.exceptions:
+        if error is host_error:
+            continue
+        rest = error.split(trio.Cancelled)[1] if isinstance(error, BaseExceptionGroup) else error
+        if rest is not None and not isinstance(rest, trio.Cancelled):
+            failures.append(rest)
+    return failures
+
+
+def _with_host_error(
+    group: BaseExceptionGroup[BaseException], host_error: BaseException, failures: list[BaseException]
+) -> BaseException | None:
+    """What leaves when the block raised `host_error` itself; None where the failures alone decide (the block
+    was only cancelled, by an enclosing scope that would swallow it, while tasks failed)."""
+    if isinstance(host_error, trio.Cancelled):
+        return host_error if not failures else None
+    if all(isinstance(failure, Exception) for failure in failures):
+        for failure in failures:
+            _attach(host_error, failure, "a task of the runtime failed meanwhile")
+        return host_error
+    # An interrupt in a task of the runtime goes on, and the block's exception with it.
+    leaving = _failed(group, failures)
+    _attach(leaving, host_error, "the block raised meanwhile")
+    return leaving
 
 
 def _failed(group: BaseExceptionGroup[BaseException], failures: list[BaseException]) -> BaseException:
