@@ -30,7 +30,7 @@ import os
 
 # Read once, when Ray is first imported (by whichever test module imports `queryloop.ray` first): the node
 # then takes the loopback address, and every Ray server of the tests' clusters binds to it
-# (tests/test_ray.py checks that nothing listens beyond loopback).
+# (tests/hosts/test_ray.py checks that nothing listens beyond loopback).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 from collections.abc import AsyncIterator
 from pathlib import Path

@@ -22,7 +22,11 @@ from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutpu
 from queryloop.runtime.loop.transcript import transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedModel
 
-FIXTURES = Path(__file__).parent / "fixtures"
+TESTS = Path(__file__).resolve().parent
+"""The tests' root: their shared helpers, fixtures, scenarios and MCP server live here."""
+REPO = TESTS.parent
+"""The checkout's root."""
+FIXTURES = TESTS / "fixtures"
 """The recorded Messages API streams (`sse/`) and error bodies (`errors/`); `SOURCES.md` says where
 each one was recorded."""
 

@@ -14,7 +14,7 @@ Each host shows a session and its queries its own way: trio (`Session`, `QueryHa
   its Ray shard gone, its runtime closing), a count each host can give, Ray's across processes too;
   `transcript()`, `sidechains()` and `close()`.
 
-Members beyond these are a host's own (tests/test_host_parity.py lists them, with why). Imports `loop`.
+Members beyond these are a host's own (tests/hosts/test_host_parity.py lists them, with why). Imports `loop`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ RUNNABLE = [block for page in PAGES for block in python_blocks(page) if block.ru
 BLOCK_TIMEOUT_S = 120
 PUBLIC_MODULES = {"queryloop.aio", "queryloop.lowlevel", "queryloop.ray"}
 """Public modules besides `queryloop` itself: the asyncio facade, the kernel for hosts that write actors, Ray
-shards (tests/test_exports.py checks each)."""
+shards (tests/e2e/test_exports.py checks each)."""
 ALLOWED_IMPORTS = {"queryloop", "trio", "asyncio", "pydantic", "loguru", "pathlib", "typing"}
 
 

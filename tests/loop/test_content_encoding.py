@@ -29,7 +29,7 @@ from queryloop.runtime.providers.content_encoding import PIECE_BYTES, body_decod
 from queryloop.runtime.providers.local_api import LocalMessagesAPI
 from queryloop.runtime.providers.sse import MAX_EVENT_BYTES
 from tests.helpers import FIXTURES
-from tests.test_anthropic_model import wire_events
+from tests.providers.test_anthropic_model import wire_events
 
 SSE = FIXTURES / "sse"
 RECORDINGS = ["text_basic_ping", "tool_use_single_fine_chunks", "thinking_signature_then_text"]

@@ -24,7 +24,7 @@ from queryloop.runtime.errors import ShardLost
 PUBLIC: list[types.ModuleType] = [queryloop, queryloop.aio, queryloop.lowlevel]
 try:
     import queryloop.ray
-except ImportError:  # the `ray` extra is not installed: its module says so (tests/test_fresh_clone.py)
+except ImportError:  # the `ray` extra is not installed: its module says so (tests/e2e/test_fresh_clone.py)
     pass
 else:
     PUBLIC.append(queryloop.ray)

@@ -25,6 +25,7 @@ from queryloop.runtime.loop.persistence import TranscriptLog
 from queryloop.runtime.loop.restore import INTERRUPTED_BY_CRASH, load_transcript
 from queryloop.runtime.loop.transcript import normalize_messages_for_api, transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedModel
+from tests import helpers
 from tests.helpers import (
     FallbackMidStream,
     Ran,
@@ -37,7 +38,7 @@ from tests.helpers import (
     tools_reply,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = helpers.REPO
 
 
 def records(path: Path) -> list[dict[str, Any]]:

@@ -3,13 +3,14 @@ in one cell, queried and aborted in later ones, and closed in the last."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import nbclient
 import nbformat
 
-NOTEBOOK = Path(__file__).parent.parent / "examples" / "notebook.ipynb"
+from tests import helpers
+
+NOTEBOOK = helpers.REPO / "examples" / "notebook.ipynb"
 
 
 def test_the_notebook_opens_a_runtime_queries_aborts_and_closes_it_across_cells() -> None:

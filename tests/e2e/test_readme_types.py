@@ -1,6 +1,6 @@
 """The README's and docs/' examples type-check as a user's program: `mypy --strict` finds nothing in them.
 
-The examples are the ones tests/test_readme.py runs. Each is written to a file of its own in a temporary
+The examples are the ones tests/e2e/test_readme.py runs. Each is written to a file of its own in a temporary
 folder and all are checked in one mypy run, with the project's mypy options (`[tool.mypy]` of
 pyproject.toml) and `queryloop` resolved where this environment imports it from. Errors inside the
 library itself are not reported here (mypy checks it on its own), only the examples' own.
@@ -18,8 +18,8 @@ import sysconfig
 import tomllib
 from pathlib import Path
 
+from tests.e2e.test_readme import RUNNABLE
 from tests.markdown import REPO, Block
-from tests.test_readme import RUNNABLE
 
 MYPY_TIMEOUT_S = 300
 MYPY_LINE = re.compile(r"^(?P<file>[\w.]+\.py):(?P<line>\d+): (?P<message>.*)$")

@@ -20,8 +20,8 @@ from queryloop import QueryOptions, Runtime
 from queryloop.runtime.loop.events import AssistantMessage, QueryEvent, StreamEvent, SystemMessage
 from queryloop.runtime.loop.transcript import transcript_problems
 from queryloop.runtime.providers.sse import SSEReader
+from tests.e2e.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, served
 from tests.helpers import FIXTURES, scripted_tool, text_reply
-from tests.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, served
 
 SSE = FIXTURES / "sse"
 

@@ -100,7 +100,7 @@ def test_a_hosts_own_runtime_and_actors_packages_stay_the_hosts(installed: Insta
     for name in ("queryloop", "queryloop.runtime", "queryloop.actors"):
         assert seen[name].startswith(site + "/queryloop/"), (name, seen[name])
         assert not seen[name].startswith(host)
-    assert seen["Runtime"] == "queryloop"  # the public module's name, not its home's (tests/test_exports.py)
+    assert seen["Runtime"] == "queryloop"  # the public module's name, not its home's (tests/e2e/test_exports.py)
     assert seen["version"] == installed.wheel.name.split("-")[1]
     assert seen["public"] == []
     if queryloop_first:

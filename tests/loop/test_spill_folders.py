@@ -21,6 +21,7 @@ from queryloop.runtime.host.runtime import _session_dir
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.spill import remove_spill_folder, spill_file_name
 from queryloop.runtime.mcp.limits import LargeResults
+from tests import helpers
 from tests.agent_helpers import ByPrompt, agent_call
 from tests.helpers import Ran, assert_settled, consume, scripted_tool, text_reply, tool_use, tools_reply
 
@@ -164,7 +165,7 @@ def test_a_transcript_without_a_suffix_gets_a_spill_folder_of_its_own() -> None:
 
 
 async def test_an_mcp_servers_temporary_results_folder_is_removed_when_the_runtime_closes() -> None:
-    server = Path(__file__).parent / "mcp_server.py"
+    server = helpers.TESTS / "mcp_server.py"
     command = [sys.executable, str(server), "stdio", "--hostile"]
     model = ScriptedModel([tools_reply(tool_use("f1", "mcp__fx__flood", {"chars": 60_000})), text_reply()])
     async with Runtime.open() as runtime:

@@ -11,7 +11,7 @@ import trio
 from queryloop.runtime.providers.anthropic_model import AnthropicModel, redacted_url
 from queryloop.runtime.providers.local_api import LocalMessagesAPI
 from tests.helpers import text_reply
-from tests.test_anthropic_model import collect
+from tests.providers.test_anthropic_model import collect
 
 KEY = "sk-ant-secret-key-123"
 

@@ -1,6 +1,6 @@
 """`queryloop.ray.ShardedRuntime` on a local Ray cluster bound to loopback (one cluster for the module).
 
-Each test is a sync function running its own asyncio loop (as tests/test_aio.py); waits are bounded
+Each test is a sync function running its own asyncio loop (as tests/hosts/test_aio.py); waits are bounded
 with `asyncio.timeout`. Skipped where Ray is not installed (`pip install 'queryloop[ray]'`).
 """
 

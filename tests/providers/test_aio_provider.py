@@ -23,7 +23,7 @@ from queryloop.runtime.loop.tools import Tool, ToolContext, ToolOutput
 from queryloop.runtime.providers.scripted import TEXT_CHUNK, ScriptedReply, reply_events
 from tests.agent_helpers import agent_call
 from tests.helpers import text_reply, tool_use, tools_reply
-from tests.test_aio import MODES, run
+from tests.hosts.test_aio import MODES, run
 
 
 class AsyncioModel:

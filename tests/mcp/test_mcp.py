@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,9 +38,10 @@ from queryloop import (
 )
 from queryloop.runtime.mcp.content import error_text, result_output
 from queryloop.runtime.mcp.names import tool_name
+from tests import helpers
 from tests.helpers import Ran, assert_settled, consume, log_records, text_reply, tool_use, tools_reply
 
-SERVER = Path(__file__).with_name("mcp_server.py")
+SERVER = helpers.TESTS / "mcp_server.py"
 STDIO = McpStdioServer(command=[sys.executable, str(SERVER), "stdio"])
 WAIT_S = 20.0
 """Bound for anything a test awaits (a server starts in well under a second)."""

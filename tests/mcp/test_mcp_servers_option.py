@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,9 +28,10 @@ from queryloop.aio import AsyncioRuntime
 from queryloop.runtime.host.aio_bridge import Mode
 from queryloop.runtime.mcp.resources import LIST_TOOL, READ_TOOL
 from queryloop.runtime.mcp.servers import Protocol
+from tests import helpers
 from tests.helpers import Ran, assert_settled, consume, text_reply, tool_use, tools_reply
 
-SERVER = Path(__file__).with_name("mcp_server.py")
+SERVER = helpers.TESTS / "mcp_server.py"
 WAIT_S = 20.0
 
 

@@ -28,7 +28,7 @@ from queryloop import (
 from queryloop.aio import AsyncioRuntime
 from queryloop.runtime.host.aio_bridge import Mode
 from tests.helpers import log_records, text_reply, tool_use, tools_reply
-from tests.test_mcp import STDIO, WAIT_S, ask, result_of
+from tests.mcp.test_mcp import STDIO, WAIT_S, ask, result_of
 
 PROTOCOLS = ["auto", "legacy"]
 ERASE = "mcp__fx__erase"

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from queryloop.runtime.cli.main import main
+from tests import helpers
 
-SCENARIOS = Path(__file__).parent / "scenarios"
+SCENARIOS = helpers.TESTS / "scenarios"
 NAMES = sorted(p.name.removesuffix(".json") for p in SCENARIOS.glob("*.json") if not p.name.endswith(".expected.json"))
 
 

@@ -24,9 +24,10 @@ from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.persistence import TranscriptLog
 from queryloop.runtime.loop.restore import load_transcript
 from queryloop.runtime.providers.scripted import ScriptedModel
+from tests import helpers
 from tests.helpers import text_reply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = helpers.REPO
 
 CHILD = """
 import sys

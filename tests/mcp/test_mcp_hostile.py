@@ -31,7 +31,7 @@ from queryloop.runtime.mcp.limits import MAX_ERROR_CHARS, MAX_IMAGE_BYTES, Large
 from queryloop.runtime.mcp.names import MAX_NAME, tool_names
 from queryloop.runtime.mcp.servers import Protocol
 from tests.helpers import Ran, assert_settled, consume, text_reply, tool_use, tools_reply
-from tests.test_mcp import SERVER, WAIT_S, result_of
+from tests.mcp.test_mcp import SERVER, WAIT_S, result_of
 
 LINE = "abcdefghijklmnopqrstuvwxyz\n"
 

@@ -23,8 +23,9 @@ import queryloop
 from queryloop.runtime.cli import main as cli
 from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.providers.local_api import LocalMessagesAPI
+from tests import helpers
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = helpers.REPO
 COMMAND = [sys.executable, "-m", "queryloop.runtime.cli.main"]
 
 

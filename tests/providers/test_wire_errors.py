@@ -20,8 +20,8 @@ from queryloop.runtime.loop.max_tokens import CONTEXT_MARGIN
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.tools import Tool, ToolContext
 from queryloop.runtime.providers.scripted import ScriptedReply, ScriptedUsage, reply_events
+from tests.e2e.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, assert_settled, run_query, served
 from tests.helpers import FIXTURES, log_records, text_reply, tool_use, tools_reply
-from tests.test_wire_e2e import DEADLINE_S, TOLERATE_UNEXHAUSTED_BODY_ITERATOR, assert_settled, run_query, served
 
 ERRORS = FIXTURES / "errors"
 

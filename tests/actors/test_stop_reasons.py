@@ -21,8 +21,8 @@ from queryloop.runtime.loop.state import (
     pause_turn_continuation,
 )
 from queryloop.runtime.providers.scripted import ScriptedModel
+from tests.e2e.test_wire_e2e import DEADLINE_S, served
 from tests.helpers import Ran, assert_settled, consume, text_reply
-from tests.test_wire_e2e import DEADLINE_S, served
 
 SERVER_TOOL_TURN: list[dict[str, Any]] = [
     {"type": "text", "text": "Searching."},

@@ -17,10 +17,10 @@ from queryloop import AgentDefinition, QueryOptions, Runtime, ScriptedModel, Sto
 from queryloop.aio import AsyncioRuntime
 from queryloop.runtime.host.runtime import SHUTDOWN_GRACE_S
 from queryloop.runtime.loop.hooks import HookDecision, StopFailureError, stop_failure_error
+from tests.actors.test_stop_reasons import REFUSED
 from tests.agent_helpers import ByPrompt, agent_call
 from tests.helpers import log_records, run_query, text_reply, tools_reply
-from tests.test_aio import run as run_on_asyncio
-from tests.test_stop_reasons import REFUSED
+from tests.hosts.test_aio import run as run_on_asyncio
 
 WAIT_S = 10.0
 

@@ -34,6 +34,7 @@ from queryloop.runtime.loop.persistence import TranscriptLog
 from queryloop.runtime.loop.restore import load_transcript
 from queryloop.runtime.loop.transcript import normalize_messages_for_api, transcript_problems
 from queryloop.runtime.providers.scripted import ScriptedModel
+from tests import helpers
 from tests.helpers import (
     assert_settled,
     consume,
@@ -45,7 +46,7 @@ from tests.helpers import (
     tools_reply,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = helpers.REPO
 
 
 async def test_every_message_is_in_the_file_before_the_consumer_receives_it(tmp_path: Path) -> None:

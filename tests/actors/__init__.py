@@ -1,0 +1,1 @@
+"""The session's actors at work: the QueryLoop's rules, subagents, hooks, aborts while tools run."""

@@ -1,0 +1,1 @@
+"""The hosts: trio, asyncio, blocking and Ray, and the words they share."""

@@ -1,0 +1,1 @@
+"""The kernel: actors on trio, their inboxes, futures, supervision, event channels and records."""

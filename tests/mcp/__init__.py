@@ -1,0 +1,1 @@
+"""MCP servers as tools: a real server subprocess, its hostile answers, elicitation, credentials."""

@@ -1,0 +1,1 @@
+"""Model providers: the Anthropic API's bytes (recorded and hostile), the scripted model, the SSE reader."""
