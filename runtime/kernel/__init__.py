@@ -3,8 +3,7 @@ tasks under cancel scopes the actor owns, supervisors that abort and close a gro
 event channels that carry a query's events.
 
 Owns: `TrioActor` (`actor`), its priority inbox and dispatcher (`_inbox`), `TrioFuture` (`_future`),
-`Supervisor` (`supervisor`), the kernel's messages (`messages`), `EventChannel` (`flow`) and the outcome
-that wakes a parked task (`_wake`).
+`Supervisor` (`supervisor`), the kernel's messages (`messages`) and `EventChannel` (`flow`).
 Imports only `queryloop.runtime.errors`, `queryloop.runtime._records` and `queryloop.runtime._frozen`: the
 kernel knows nothing of agent loops.
 """

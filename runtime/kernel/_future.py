@@ -22,7 +22,8 @@ import functools
 import queue
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import pykka
 from trio.lowlevel import (
@@ -39,17 +40,17 @@ from trio.lowlevel import (
 )
 
 from queryloop.runtime.errors import BlockingCallOnTrioThread
-from queryloop.runtime.kernel._wake import WOKEN
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Iterable
-
-    from pykka._types import OptExcInfo
 
 T = TypeVar("T")
 M = TypeVar("M")
 J = TypeVar("J")
 R = TypeVar("R")
+
+OptExcInfo: TypeAlias = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+"""What `sys.exc_info()` returns: what pykka's `Future.set_exception` takes."""
 
 _EVENT_LOCK = threading.Lock()
 _PENDING: Any = object()
@@ -62,6 +63,9 @@ class TrioFuture(pykka.Future[T]):
     does not run trio. `map`, `filter`, `join` and `reduce` derive new futures
     eagerly, so derived futures are awaitable too.
     """
+
+    _hooked = False
+    """Whether `set_get_hook` was called (a class default: set on the rare future that has a hook)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,7 +88,7 @@ class TrioFuture(pykka.Future[T]):
         return self._value is not _PENDING or self._error is not None
 
     def set(self, value: T | None = None) -> None:
-        if self.done() or self._get_hook is not None:
+        if self.done() or self._hooked:
             raise queue.Full
         self._value = value
         self._wake()
@@ -100,7 +104,7 @@ class TrioFuture(pykka.Future[T]):
 
     def fail(self, error: BaseException) -> None:
         """Resolve the future with `error` (the exception-object form of `set_exception`)."""
-        if self.done() or self._get_hook is not None:
+        if self.done() or self._hooked:
             raise queue.Full
         self._error = error
         self._wake()
@@ -125,7 +129,7 @@ class TrioFuture(pykka.Future[T]):
         # Runs on the waiters' trio thread, so it cannot race with their abort_fn.
         waiters, self._trio_waiters = self._trio_waiters, None
         for task in waiters or ():
-            reschedule(task, WOKEN)
+            reschedule(task)
 
     def get_nowait(self) -> T:
         """The value of a resolved future (or its exception raised); `LookupError` if pending."""
@@ -141,8 +145,13 @@ class TrioFuture(pykka.Future[T]):
 
     # -- waiting ---------------------------------------------------------------
 
+    def set_get_hook(self, func: Callable[[float | None], T]) -> None:
+        """pykka's: `get()` returns `func(timeout)` (from a thread; such a future is never resolved or awaited)."""
+        self._hooked = True
+        super().set_get_hook(func)
+
     def get(self, *, timeout: float | None = None) -> T:
-        if self._get_hook is not None:
+        if self._hooked:
             return super().get(timeout=timeout)
         if in_trio_run():
             msg = (
@@ -163,7 +172,7 @@ class TrioFuture(pykka.Future[T]):
         return self._unwrap()
 
     def __await__(self) -> Generator[Any, None, T]:
-        if self._get_hook is not None:
+        if self._hooked:
             msg = "a future built with set_get_hook() can only be read with get() from a thread"
             raise TypeError(msg)
         if self.done():

@@ -36,7 +36,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pykka import ActorDeadError
-from pykka.messages import _ActorStop
+from pykka.messages import _ActorStop  # private: pykka is pinned exactly (tests/test_pykka_contract.py)
 from trio.lowlevel import TrioToken, current_trio_token
 
 from queryloop.runtime.kernel.messages import SupervisorMessage
@@ -44,7 +44,7 @@ from queryloop.runtime.kernel.messages import SupervisorMessage
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pykka._envelope import Envelope
+    from pykka._envelope import Envelope  # private, as above
 
     from queryloop.runtime.kernel._future import TrioFuture
 

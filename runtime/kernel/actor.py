@@ -1,9 +1,12 @@
 """`TrioActor`: a pykka actor whose handlers run on trio's thread and whose work runs as trio tasks.
 
 It is built on pykka's extension points for new actor types
-(`_create_actor_inbox`, `_create_future`, `_start_actor_loop`) and keeps
-pykka's contract: `tell`, `ask`, proxies, `on_start` / `on_stop` /
-`on_failure`, `ActorDeadError` for mail to a dead actor. What differs, and why:
+(`_create_actor_inbox`, `_create_future`, `_start_actor_loop`), on the underscored
+members through which pykka's `ActorRef` and `ActorProxy` reach an actor, and on
+its private `Envelope` and `_ActorStop`: pykka is pinned exactly for that, and
+tests/test_pykka_contract.py checks each name. It keeps pykka's contract:
+`tell`, `ask`, proxies, `on_start` / `on_stop` / `on_failure`,
+`ActorDeadError` for mail to a dead actor. What differs, and why:
 
 * **Handlers return at once.** `on_receive` and proxied methods are plain
   functions run on the trio thread, one message at a time, by the thread's
@@ -37,14 +40,14 @@ import contextvars
 import functools
 import itertools
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Protocol, Self, TypeVar, cast
 
 import pykka
 import trio
 from loguru import logger
 from pykka import ActorDeadError, ActorRef
-from pykka._envelope import Envelope
-from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
+from pykka._envelope import Envelope  # private: pykka is pinned exactly (tests/test_pykka_contract.py)
+from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop  # `_ActorStop` likewise
 
 from queryloop.runtime.errors import NotInSession, WorkCancelled
 from queryloop.runtime.kernel._future import TrioFuture
@@ -55,7 +58,6 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
     from loguru import Logger
-    from pykka._actor import ActorInbox
     from trio.lowlevel import TrioToken
 
 A = TypeVar("A", bound="TrioActor")
@@ -222,7 +224,7 @@ class TrioActor(pykka.Actor):
         return supervisor.spawn(cls, *args, **kwargs)
 
     @staticmethod
-    def _create_actor_inbox() -> ActorInbox:
+    def _create_actor_inbox() -> NoReturn:
         msg = "a TrioActor makes its inbox itself (it needs the actor)"
         raise NotImplementedError(msg)
 

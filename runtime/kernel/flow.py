@@ -40,12 +40,15 @@ from collections.abc import Generator
 from typing import Any, Generic, NoReturn, TypeVar
 
 import trio
-from outcome import Error  # trio's own result type, what `reschedule` takes
+from outcome import Error  # what `reschedule` takes to raise in the woken task (trio's documented `next_send`)
 from trio.lowlevel import Abort, RaiseCancelT, Task, current_task, reschedule, wait_task_rescheduled
 
-from queryloop.runtime.kernel._wake import _PARKED, WOKEN, _park_with_trap, park, woken
-
 T = TypeVar("T")
+
+
+def _abort_succeeds(_: RaiseCancelT) -> Abort:
+    """A parked consumer's abort: always possible (its waker checks `custom_sleep_data` before it wakes it)."""
+    return Abort.SUCCEEDED
 
 
 class EventChannel(Generic[T]):
@@ -96,7 +99,7 @@ class EventChannel(Generic[T]):
         while waiting:
             task, queued = waiting.popleft()
             self.items.append(queued)
-            reschedule(task, WOKEN)
+            reschedule(task)
         self.items.append(item)
         if self.receiver is not None:
             self.wake_receiver()
@@ -149,28 +152,27 @@ class EventChannel(Generic[T]):
         assert waiting, "no sender is waiting"
         task, queued = waiting.popleft()
         self.items.append(queued)
-        reschedule(task, WOKEN)
+        reschedule(task)
 
     @types.coroutine
     def wait(self) -> Generator[Any, Any, bool]:
         """Wait until an item is buffered (True) or the channel is closed and empty (False).
 
-        Awaited as any coroutine (`await channel.wait()`), but a generator that yields trio's trap itself
-        (`_wake.park`'s): a consumer parked here holds one object, not a coroutine awaiting `park()`'s
-        generator (the consumers of thousands of sessions are parked at any moment)."""
+        Awaited as any coroutine (`await channel.wait()`): a generator that delegates to trio's
+        `wait_task_rescheduled` itself, with no coroutine of its own in between."""
         if self.items:
             return True
         if self._closed:
             return False
-        # Parked with the kernel's reusable trap (`park`): a waker wakes this task only while its
-        # `custom_sleep_data` is this channel, which trio resets when the wait is cancelled.
+        # A waker wakes this task only while its `custom_sleep_data` is this channel: trio resets it to
+        # None whenever it reschedules the task (a wake, or a cancellation; `wait_task_rescheduled`'s
+        # documentation promises it), so the abort, which cannot say which wait it cancelled, always
+        # succeeds.
         receiver = self.receiver = current_task()
         receiver.custom_sleep_data = self
         try:
-            if park is _park_with_trap:
-                woken((yield _PARKED))  # what `park()` does, without its generator
-            else:  # trio's public call (a trio that moved its trap class)
-                yield from park().__await__()
+            # A generator-based coroutine may `yield from` a coroutine: no `__await__()` wrapper held while parked.
+            yield from wait_task_rescheduled(_abort_succeeds)  # noqa: ASYNC105 - it is awaited
         except BaseException:
             if self.receiver is receiver:
                 self.receiver = None  # cancelled: hold no task that is not parked here
@@ -184,7 +186,7 @@ class EventChannel(Generic[T]):
         if receiver is not None:
             self.receiver = None
             if receiver.custom_sleep_data is self:
-                reschedule(receiver, WOKEN)
+                reschedule(receiver)
 
     def close_receiver(self) -> None:
         """The consumer is gone: every send from now on (and every waiting one) raises `BrokenResourceError`."""

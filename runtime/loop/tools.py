@@ -249,8 +249,7 @@ class Tool(BaseModel):
 
     def parse_input(self, raw: dict[str, Any]) -> Any:
         """Validate the model's input; raises pydantic's `ValidationError` naming the field."""
-        # The model's validator itself, as `model_validate` calls it: no Python frame of pydantic's per tool call.
-        return self.input_model.__pydantic_validator__.validate_python(raw) if self.input_model else raw
+        return self.input_model.model_validate(raw) if self.input_model else raw
 
 
 @overload

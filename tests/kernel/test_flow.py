@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator
-
 import pytest
 import trio
 import trio.testing
 
-from queryloop.runtime.kernel import _wake, flow
-from queryloop.runtime.kernel._wake import WOKEN
 from queryloop.runtime.kernel.flow import EventChannel
 
 
-@pytest.fixture(params=["trio_trap", "public_call"])
-def parking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each channel test parks both ways: with trio's own trap, and with `wait_task_rescheduled` (the fallback)."""
-    if request.param == "public_call":
-        monkeypatch.setattr(flow, "park", _wake._park_public)
-    return str(request.param)
-
-
-async def test_items_arrive_in_order_and_a_receiver_parks_only_on_an_empty_buffer(parking: str) -> None:
+async def test_items_arrive_in_order_and_a_receiver_parks_only_on_an_empty_buffer() -> None:
     channel = EventChannel[int](4)
     received: list[int] = []
 
@@ -43,7 +31,7 @@ async def test_items_arrive_in_order_and_a_receiver_parks_only_on_an_empty_buffe
         channel.send_nowait(4)
 
 
-async def test_a_full_buffer_makes_senders_wait_and_their_items_enter_in_send_order(parking: str) -> None:
+async def test_a_full_buffer_makes_senders_wait_and_their_items_enter_in_send_order() -> None:
     channel = EventChannel[str](2)
     channel.send_nowait("a")
     channel.send_nowait("b")
@@ -104,7 +92,7 @@ async def test_a_consumer_that_goes_away_breaks_every_send_waiting_ones_included
         channel.send_nowait(3)
 
 
-async def test_a_waiting_receiver_is_cancellable_and_wakes_at_close(parking: str) -> None:
+async def test_a_waiting_receiver_is_cancellable_and_wakes_at_close() -> None:
     channel = EventChannel[int](1)
     with trio.move_on_after(1) as scope:
         await channel.wait()
@@ -130,7 +118,7 @@ def test_a_channel_needs_room_for_one_item() -> None:
         EventChannel[int](0)
 
 
-async def test_push_goes_past_the_bound_without_waiting_and_wakes_the_consumer(parking: str) -> None:
+async def test_push_goes_past_the_bound_without_waiting_and_wakes_the_consumer() -> None:
     channel = EventChannel[str](1)
     channel.send_nowait("a")
     got: list[str] = []
@@ -165,58 +153,7 @@ async def test_push_lets_blocked_senders_in_first_so_order_is_kept() -> None:
         await trio.testing.wait_all_tasks_blocked()  # the sender of "b" has returned: its send is done
 
 
-async def test_one_woken_outcome_wakes_a_parked_task_any_number_of_times() -> None:
-    # trio's own `Value(None)` may be unwrapped once; the kernel's wake outcome is sent again and again.
-    woken: list[object] = []
-    task: trio.lowlevel.Task | None = None
-
-    async def parked() -> None:
-        nonlocal task
-        task = trio.lowlevel.current_task()
-        for _ in range(3):
-            woken.append(await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.SUCCEEDED))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(parked)
-        for _ in range(3):
-            await trio.testing.wait_all_tasks_blocked()
-            assert task is not None
-            trio.lowlevel.reschedule(task, WOKEN)
-    assert woken == [None, None, None]
-    WOKEN.unwrap()  # still usable after every wake: nothing was used up
-
-
-async def test_an_async_generator_sent_the_woken_outcome_receives_none() -> None:
-    sent: list[object] = []
-
-    async def echo() -> AsyncGenerator[int, object]:
-        for i in range(2):
-            sent.append((yield i))
-
-    agen = echo()
-    assert await agen.asend(None) == 0
-    assert await WOKEN.asend(agen) == 1
-    await agen.aclose()
-    assert sent == [None]
-
-    def gen() -> Generator[int, object, None]:
-        sent.append((yield 0))
-        yield 1
-
-    plain = gen()
-    next(plain)
-    assert WOKEN.send(plain) == 1
-    assert sent == [None, None]
-
-
-def test_the_kernel_parks_with_trios_own_trap_on_the_trio_it_is_built_for() -> None:
-    # If a trio release moves the trap, `park` falls back to `wait_task_rescheduled` (correct, slower):
-    # this test says so, so that the fallback is a choice, not an accident.
-    assert _wake._PARKED is not None
-    assert _wake.park is _wake._park_with_trap
-
-
-async def test_a_receiver_cancelled_out_of_its_wait_is_not_woken_by_a_send_before_it_runs(parking: str) -> None:
+async def test_a_receiver_cancelled_out_of_its_wait_is_not_woken_by_a_send_before_it_runs() -> None:
     # The cancellation reschedules the receiver; a send in the same step must not wake it a second time
     # (trio would fail its own assertion): the item stays buffered for the next wait.
     channel = EventChannel[int](4)

@@ -141,7 +141,7 @@ def test_ledgers_share_one_zero_usage_until_they_count_a_call() -> None:
     assert one.query_usage is NO_USAGE and one.session_usage.input_tokens == 10
 
 
-async def test_a_consumer_parked_on_a_channel_is_parked_in_its_wait_alone() -> None:
+async def test_a_consumer_parked_on_a_channel_waits_in_trios_public_wait_with_no_wrapper_between() -> None:
     channel = EventChannel[int](4)
     got: list[int] = []
 
@@ -155,7 +155,9 @@ async def test_a_consumer_parked_on_a_channel_is_parked_in_its_wait_alone() -> N
         task = next(t for t in nursery.child_tasks)
         parked = task.coro.cr_await
         assert parked is not None and parked.gi_code is EventChannel.wait.__code__
-        assert parked.gi_yieldfrom is None  # the trap yielded by `wait` itself: no generator below it
+        # `wait` delegates to trio's `wait_task_rescheduled` coroutine itself, not to its `__await__()` wrapper.
+        below = parked.gi_yieldfrom
+        assert below is not None and below.cr_code is trio.lowlevel.wait_task_rescheduled.__code__
         channel.send_nowait(1)
         channel.close()
     assert got == [1]
