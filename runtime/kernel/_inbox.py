@@ -36,7 +36,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pykka import ActorDeadError
-from pykka.messages import _ActorStop  # private: pykka is pinned exactly (tests/test_pykka_contract.py)
+from pykka.messages import _ActorStop  # private: pykka is pinned exactly (tests/kernel/test_pykka_contract.py)
 from trio.lowlevel import TrioToken, current_trio_token
 
 from queryloop.runtime.kernel.messages import SupervisorMessage

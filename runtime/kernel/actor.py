@@ -4,7 +4,7 @@ It is built on pykka's extension points for new actor types
 (`_create_actor_inbox`, `_create_future`, `_start_actor_loop`), on the underscored
 members through which pykka's `ActorRef` and `ActorProxy` reach an actor, and on
 its private `Envelope` and `_ActorStop`: pykka is pinned exactly for that, and
-tests/test_pykka_contract.py checks each name. It keeps pykka's contract:
+tests/kernel/test_pykka_contract.py checks each name. It keeps pykka's contract:
 `tell`, `ask`, proxies, `on_start` / `on_stop` / `on_failure`,
 `ActorDeadError` for mail to a dead actor. What differs, and why:
 
@@ -46,7 +46,7 @@ import pykka
 import trio
 from loguru import logger
 from pykka import ActorDeadError, ActorRef
-from pykka._envelope import Envelope  # private: pykka is pinned exactly (tests/test_pykka_contract.py)
+from pykka._envelope import Envelope  # private: pykka is pinned exactly (tests/kernel/test_pykka_contract.py)
 from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop  # `_ActorStop` likewise
 
 from queryloop.runtime.errors import NotInSession, WorkCancelled

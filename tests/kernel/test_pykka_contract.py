@@ -16,7 +16,6 @@ import re
 import sys
 import tomllib
 import typing
-from pathlib import Path
 from typing import Any
 
 import pykka
@@ -24,7 +23,9 @@ import pykka.messages
 from pykka._envelope import Envelope
 from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+from tests import helpers
+
+PYPROJECT = helpers.REPO / "pyproject.toml"
 
 
 def test_pykka_is_pinned_to_the_release_installed_here() -> None:

@@ -165,7 +165,7 @@ def test_a_transcript_without_a_suffix_gets_a_spill_folder_of_its_own() -> None:
 
 
 async def test_an_mcp_servers_temporary_results_folder_is_removed_when_the_runtime_closes() -> None:
-    server = helpers.TESTS / "mcp_server.py"
+    server = helpers.TESTS / "mcp" / "server.py"
     command = [sys.executable, str(server), "stdio", "--hostile"]
     model = ScriptedModel([tools_reply(tool_use("f1", "mcp__fx__flood", {"chars": 60_000})), text_reply()])
     async with Runtime.open() as runtime:

@@ -1,4 +1,4 @@
-"""MCP tools against a real MCP server subprocess (`tests/mcp_server.py`), over stdio and streamable HTTP.
+"""MCP tools against a real MCP server subprocess (`tests/mcp/server.py`), over stdio and streamable HTTP.
 
 No sleeps: the server's `cancellations` and `meet` tools wait (bounded) for what the test expects on
 the server's side, and every wait of the test itself is bounded with `trio.fail_after`.
@@ -41,7 +41,7 @@ from queryloop.runtime.mcp.names import tool_name
 from tests import helpers
 from tests.helpers import Ran, assert_settled, consume, log_records, text_reply, tool_use, tools_reply
 
-SERVER = helpers.TESTS / "mcp_server.py"
+SERVER = helpers.TESTS / "mcp" / "server.py"
 STDIO = McpStdioServer(command=[sys.executable, str(SERVER), "stdio"])
 WAIT_S = 20.0
 """Bound for anything a test awaits (a server starts in well under a second)."""

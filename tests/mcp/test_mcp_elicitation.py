@@ -1,4 +1,4 @@
-"""MCP elicitation: a real server subprocess (`tests/mcp_server.py`) asks for the user's input mid-call.
+"""MCP elicitation: a real server subprocess (`tests/mcp/server.py`) asks for the user's input mid-call.
 
 Its `erase` tool asks "Erase <path>?" with a form (`sure`, `why`) before it answers. Over the 2026-07-28
 protocol (`auto`) the question comes back as the call's `input_required` answer, and the SDK calls again

@@ -1,5 +1,5 @@
 """An MCP server's tools, results and questions never crash, hang or flood a session: against the real
-test server subprocess (`tests/mcp_server.py --hostile`), whose tools a careless client trips on.
+test server subprocess (`tests/mcp/server.py --hostile`), whose tools a careless client trips on.
 
 - names that clean up alike (`a.b`, `a_b`) or run past 128 characters get names of their own, each
   routed to its own tool;
@@ -37,7 +37,7 @@ LINE = "abcdefghijklmnopqrstuvwxyz\n"
 
 
 def flood_text(chars: int) -> str:
-    """What the server's `flood` tools return (`tests/mcp_server.py`)."""
+    """What the server's `flood` tools return (`tests/mcp/server.py`)."""
     return (LINE * (chars // len(LINE) + 1))[:chars]
 
 

@@ -1,4 +1,4 @@
-"""`QueryOptions.mcp_servers` against the real MCP server subprocess (`tests/mcp_server.py`): each query
+"""`QueryOptions.mcp_servers` against the real MCP server subprocess (`tests/mcp/server.py`): each query
 takes the server's tools as listed then (a server whose tools change, `--grow`, is listed again), and
 the server's resources through `ListMcpResourcesTool` and `ReadMcpResourceTool`.
 
@@ -31,7 +31,7 @@ from queryloop.runtime.mcp.servers import Protocol
 from tests import helpers
 from tests.helpers import Ran, assert_settled, consume, text_reply, tool_use, tools_reply
 
-SERVER = helpers.TESTS / "mcp_server.py"
+SERVER = helpers.TESTS / "mcp" / "server.py"
 WAIT_S = 20.0
 
 

@@ -1,4 +1,4 @@
-"""A small MCP server for the MCP tests, run as a subprocess: `python tests/mcp_server.py stdio|http`.
+"""A small MCP server for the MCP tests, run as a subprocess: `python tests/mcp/server.py stdio|http`.
 
 Over `http` it serves streamable HTTP on 127.0.0.1 on a port the system picks, and prints that port
 on its first stdout line (`port 12345`) once it listens.
