@@ -36,7 +36,7 @@ from pykka import ActorDeadError
 
 from queryloop.actors.budget_guard import RecordUsage
 from queryloop.runtime.kernel.actor import TrioActor
-from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
+from queryloop.runtime.kernel.messages import CarrierMessage, Message, record
 from queryloop.runtime.loop.context import (
     ContextLimits,
     StagedCollapse,
@@ -190,10 +190,6 @@ class Prepared(CarrierMessage):
     autocompact_failed: bool = False
     """An autocompaction was due and its call failed (the query counts it toward the circuit breaker)."""
     blocking: bool = False
-
-
-prepared = keyword_maker(Prepared)
-"""`Prepared(...)` for the QueryLoop's every iteration (`keyword_maker`)."""
 
 
 @record

@@ -17,7 +17,6 @@ from queryloop.actors.query_loop.messages import (
     Refused,
     RunQuery,
     Settled,
-    run_query,
 )
 
 __all__ = [
@@ -28,5 +27,4 @@ __all__ = [
     "Refused",
     "RunQuery",
     "Settled",
-    "run_query",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 import trio
 
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.kernel.messages import AbortReason, CarrierMessage, Message, keyword_maker, record
+from queryloop.runtime.kernel.messages import AbortReason, CarrierMessage, Message, record
 from queryloop.runtime.loop.events import UserMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import ContinueReason, Terminal
@@ -61,10 +61,6 @@ class RunQuery(CarrierMessage):
     options: QueryOptions
     sink: EventChannel[Any]
     control: QueryControl
-
-
-run_query = keyword_maker(RunQuery)
-"""`RunQuery(...)` for every query a host submits (`keyword_maker`)."""
 
 
 @record

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import trio
 
-from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, Refused, Settled, run_query
+from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, Refused, RunQuery, Settled
 from queryloop.runtime.errors import QueryInProgress, SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, is_disk_full, retry_while_full
@@ -336,7 +336,7 @@ class Session:
         control = QueryControl()
         handle = QueryHandle(self, events, control, self._transcript)
         self._control, self._current_events = control, events
-        self._loop.tell(run_query(prompt=prompt_message, options=options, sink=events, control=control))
+        self._loop.tell(RunQuery(prompt=prompt_message, options=options, sink=events, control=control))
         return handle
 
     async def abort(self, reason: AbortReason = "user") -> int:
