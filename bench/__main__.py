@@ -1,7 +1,8 @@
 """`python -m bench kernel | loops | abort | scale | stream | agents | ray | instructions`: ratios to an in-run
 baseline, JSON last. `python -m bench durability`: counts of what SIGKILLs at random moments lost (none, or a bug).
+`python -m bench tricks`: which of the hot path's speed and memory tricks still hold (all, or a regression).
 
-Each but `instructions` and `durability` takes `--profile FILE`: a cProfile of its runtime side, for
+Each but `instructions`, `durability` and `tricks` takes `--profile FILE`: a cProfile of its runtime side, for
 `python -m pstats FILE` or `snakeviz FILE`.
 """
 
@@ -11,7 +12,7 @@ import argparse
 import json
 import sys
 
-from bench import abort, agents, durability, instructions, kernel, loops, ray_shards, scale, stream
+from bench import abort, agents, durability, instructions, kernel, loops, ray_shards, scale, stream, tricks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         "ray": ray_shards,
         "durability": durability,
         "instructions": instructions,
+        "tricks": tricks,
     }
     for name, module in modules.items():
         doc = module.__doc__ or ""

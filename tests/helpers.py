@@ -178,21 +178,6 @@ def log_records() -> Iterator[list[dict[str, Any]]]:
         logger.disable("queryloop")
 
 
-def count_size_measures(monkeypatch: Any) -> list[str]:
-    """The tool_use ids of the tool results the oversized-result scan measures, in order, from now on."""
-    from queryloop.runtime.loop import context
-
-    measured: list[str] = []
-    real = context._result_text
-
-    def counting(block: Any) -> str | None:
-        measured.append(block.get("tool_use_id", ""))
-        return real(block)
-
-    monkeypatch.setattr(context, "_result_text", counting)
-    return measured
-
-
 @contextmanager
 def hang_guard(seconds: float, what: str) -> Iterator[None]:
     """Fail the test, naming `what`, if the block has not finished after `seconds` of trio's clock.

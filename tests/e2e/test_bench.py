@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench import workload
+from bench import tricks, workload
 from bench.__main__ import main as bench_main
 from bench.baseline import BaselineAbort, baseline_loop
 from bench.collector import GcMeter, gc_setting, in_turn
@@ -146,6 +146,12 @@ def test_bench_instructions_child_runs_the_loops_asked_in_rounds_of_the_concurre
     # 5 loops, 2 at once: rounds of 2, 2 and 1, every loop run to its result.
     result = _run(capsys, "instructions", f"--side={side}", "--count=5", "--concurrency=2")
     assert result == {"benchmark": "instructions", "side": side, "loops": 5}
+
+
+def test_bench_tricks_finds_every_trick_of_the_hot_path_in_place(capsys: pytest.CaptureFixture[str]) -> None:
+    result = _run(capsys, "tricks", "--check")
+    assert result["benchmark"] == "tricks" and result["lost"] == []
+    assert result["held"] == [check.__name__ for check in tricks.TRICKS]
 
 
 def test_bench_instructions_without_valgrind_says_what_it_needs(

@@ -3,23 +3,21 @@
 The property: for random conversations that grow, and now and then are rewritten (a message replaced,
 copied, removed, the history compacted or cut, thinking blocks stripped), the normaliser's answer at
 every step equals the whole normalisation of the conversation at that step, and no answer it gave
-earlier changes afterwards. The cost: appending k messages to a long conversation puts O(k) messages
-through the per-message normalisation (`_api_blocks` calls are counted), whatever its length.
+earlier changes afterwards. In the loop, each request is the whole normalisation of its conversation. The
+cost (appending k messages puts O(k) messages through the per-message normalisation, whatever the
+conversation's length) is `bench tricks`'.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from queryloop import QueryOptions, Runtime, ScriptedModel
-from queryloop.runtime.loop import transcript
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
@@ -35,7 +33,7 @@ from queryloop.runtime.loop.transcript import (
     user_context_message,
 )
 from tests.blocks import text, tool_result, tool_use
-from tests.helpers import assert_settled, count_size_measures, run_query, scripted_tool, text_reply, tools_reply
+from tests.helpers import assert_settled, run_query, scripted_tool, text_reply, tools_reply
 from tests.helpers import tool_use as scripted_use
 
 # -- conversations ------------------------------------------------------------------------------
@@ -224,26 +222,7 @@ def test_an_answer_is_a_new_list_whose_changes_do_not_reach_the_next() -> None:
     assert normalizer.normalize(history) == normalize_messages_for_api(history)
 
 
-# -- the cost -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Counter:
-    calls: int = 0
-
-
-@pytest.fixture
-def per_message_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter]:
-    """How many messages went through the per-message normalisation (`_api_blocks`)."""
-    counter = Counter()
-    original = transcript._api_blocks
-
-    def counted(message: TranscriptMessage) -> tuple[str, list[Block]] | None:
-        counter.calls += 1
-        return original(message)
-
-    monkeypatch.setattr(transcript, "_api_blocks", counted)
-    yield counter
+# -- rewrites -----------------------------------------------------------------------------------
 
 
 def turn(number: int, *, uses: int = 2) -> list[TranscriptMessage]:
@@ -261,72 +240,31 @@ def conversation(turns: int) -> list[TranscriptMessage]:
     return [UserMessage(content="start"), *(m for n in range(turns) for m in turn(n))]
 
 
-@pytest.mark.parametrize("turns", [10, 100])
-def test_appending_k_messages_normalizes_o_of_k_messages_whatever_the_length(
-    per_message_calls: Counter, turns: int
-) -> None:
-    normalizer = IncrementalNormalizer()
-    history = conversation(turns)
-    normalizer.normalize(history)
-    assert per_message_calls.calls == len(history)  # the first call normalises everything once
-    for number in range(turns, turns + 20):
-        appended = turn(number)
-        history = [*history, *appended]
-        per_message_calls.calls = 0
-        answer = normalizer.normalize(history)
-        # What was appended, and the previous turn again (its response opened the last checkpoint):
-        # the same count at 61 messages as at 601.
-        assert per_message_calls.calls == len(appended) + len(turn(number - 1))
-        assert answer == normalize_messages_for_api(history)
-    assert normalizer.restarts == 0
-
-
-def test_a_call_with_nothing_new_normalizes_only_the_last_turn(per_message_calls: Counter) -> None:
-    normalizer = IncrementalNormalizer()
-    history = conversation(50)
-    normalizer.normalize(history)
-    per_message_calls.calls = 0
-    answer = normalizer.normalize(list(history))
-    assert per_message_calls.calls == len(turn(49))
-    assert answer == normalize_messages_for_api(history)
-
-
-def test_a_rewritten_older_message_normalizes_everything_again(per_message_calls: Counter) -> None:
+def test_a_rewritten_older_message_gives_the_whole_normalization_and_so_does_what_follows() -> None:
     normalizer = IncrementalNormalizer()
     history = conversation(50)
     normalizer.normalize(history)
     history = clear_results()(history)  # microcompact: older messages are new objects
-    per_message_calls.calls = 0
-    answer = normalizer.normalize(history)
-    assert per_message_calls.calls == len(history)
-    assert normalizer.restarts == 1
-    assert answer == normalize_messages_for_api(history)
+    assert normalizer.normalize(history) == normalize_messages_for_api(history)
     history = [*history, *turn(50)]
-    per_message_calls.calls = 0
-    normalizer.normalize(history)
-    assert per_message_calls.calls == 2 * len(turn(50))  # incremental again from there
-    assert normalizer.restarts == 1
+    assert normalizer.normalize(history) == normalize_messages_for_api(history)
 
 
-def test_a_retracted_message_normalizes_everything_again(per_message_calls: Counter) -> None:
+def test_a_retracted_message_gives_the_whole_normalization() -> None:
     normalizer = IncrementalNormalizer()
     history = conversation(20)
     normalizer.normalize(history)
     history = [m for m in history if m is not history[5]]  # a tombstone, same length once a message is added
     history.append(UserMessage(content="and then"))
-    per_message_calls.calls = 0
-    answer = normalizer.normalize(history)
-    assert per_message_calls.calls == len(history)
-    assert normalizer.restarts == 1
-    assert answer == normalize_messages_for_api(history)
+    assert normalizer.normalize(history) == normalize_messages_for_api(history)
 
 
 # -- in the loop --------------------------------------------------------------------------------
 
 
-async def test_a_long_query_normalizes_each_message_a_bounded_number_of_times(per_message_calls: Counter) -> None:
-    """40 tool turns: each request normalises its new messages and the previous turn's, never the whole history
-    (the user context's message heads each request as the same object); each request is the whole normalisation."""
+async def test_each_request_of_a_long_query_is_the_whole_normalization_of_its_conversation() -> None:
+    """40 tool turns, the user context's message heading each request (how few messages each request puts
+    through the normalisation is `bench tricks`')."""
     turns = 40
     replies = [tools_reply(scripted_use(f"t{n}", "read"), text=f"step {n}") for n in range(turns)]
     context = {"cwd": "/repo"}
@@ -337,23 +275,20 @@ async def test_a_long_query_normalizes_each_message_a_bounded_number_of_times(pe
             tools=[scripted_tool("read", result="file text", safe=True)],
             user_context=context,
         )
-        calls = per_message_calls.calls
         conversation = await ran.session.transcript()
         await assert_settled(ran)
     assert ran.reason == "completed" and len(ran.model.requests) == turns + 1
-    # Per turn: an assistant text, its tool_use and the result (3 messages), each normalised at most twice.
     context_message = user_context_message(context)
     assert context_message is not None
     sent = [context_message, *conversation]
-    assert calls <= 2 * len(sent)  # the whole normalisation at every request: about turns * len(sent) / 2
     for number, request in enumerate(ran.model.requests):
         history = sent[: 2 + 3 * number]  # the context, the prompt, then three messages a turn
         assert request.messages == normalize_messages_for_api(history)
 
 
-async def test_a_long_session_normalizes_each_message_a_bounded_number_of_times(per_message_calls: Counter) -> None:
-    """30 queries in one session: each query's first request normalises only what the conversation gained
-    since the previous query (the session keeps one normaliser, and one context message per context)."""
+async def test_the_last_request_of_a_long_session_is_the_whole_normalization_of_its_conversation() -> None:
+    """30 queries in one session, which keeps one normaliser (how few messages each query's first request
+    puts through the normalisation is `bench tricks`')."""
     queries = 30
     context = {"cwd": "/repo"}
     model = ScriptedModel([text_reply(f"answer {n}") for n in range(queries)])
@@ -364,34 +299,7 @@ async def test_a_long_session_normalizes_each_message_a_bounded_number_of_times(
         conversation = await session.transcript()
         await session.close()
     assert len(conversation) == 2 * queries
-    # Made per query, each first request would normalise the whole conversation: about queries² messages.
-    assert per_message_calls.calls <= 3 * len(conversation)
     context_message = user_context_message(context)
     assert context_message is not None
     last = normalize_messages_for_api([context_message, *conversation[:-1]])
     assert model.requests[-1].messages == last
-
-
-async def test_a_long_session_scans_each_tool_result_for_its_size_a_bounded_number_of_times(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """30 queries of one session, a tool call each: the oversized-result scan is the session's (as its
-    normaliser is), so a query's first call measures only the results gained since the query before."""
-    measured = count_size_measures(monkeypatch)
-    queries = 30
-    replies: list[dict[str, Any]] = []
-    for number in range(queries):
-        replies += [tools_reply(scripted_use(f"t{number}", "read")), text_reply(f"answer {number}")]
-    model = ScriptedModel(replies)
-    async with Runtime.open() as runtime:
-        session = await runtime.open_session(
-            QueryOptions(provider=model, tools=[scripted_tool("read", result="file text", safe=True)])
-        )
-        for number in range(queries):
-            handle = session.query(f"question {number}")
-            await handle.wait()
-            assert handle.terminal is not None and handle.terminal.reason == "completed"
-        await session.close()
-    assert sorted(set(measured)) == sorted(f"t{number}" for number in range(queries))
-    # Per query, each earlier result measured again: 1 + 2 + ... + 30 = 465 measures.
-    assert len(measured) <= 2 * queries
