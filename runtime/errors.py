@@ -68,10 +68,6 @@ class SessionClosed(QueryloopError):
     """The session's actor group is closed; nothing more can be started in it."""
 
 
-class QueryInProgress(QueryloopError):
-    """A query is already running in this session, and another is already queued behind it."""
-
-
 class McpServerUnavailable(QueryloopError):
     """`Runtime.open_mcp` could not start or reach an MCP server, or list its tools (the message says why).
 

@@ -14,7 +14,6 @@ from queryloop.actors.query_loop.messages import (
     GetConversation,
     GetSidechains,
     QueryControl,
-    Refused,
     RunQuery,
     Settled,
 )
@@ -24,7 +23,6 @@ __all__ = [
     "GetSidechains",
     "QueryControl",
     "QueryLoop",
-    "Refused",
     "RunQuery",
     "Settled",
 ]

@@ -275,12 +275,14 @@ class QueryLoopEnding(QueryLoopTurns):
             structured_output=run.structured_output,
         )
         run.ending = True
+        settled = Settled(terminal=terminal, transitions=list(run.transitions))
         if run.consumer_open:
             try:
-                run.sink.push(Settled(terminal=terminal, transitions=list(run.transitions)))
+                run.sink.push(settled)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 run.consumer_open = False
         self._emit_now(run, result)
+        run.outcome = (settled, result)
         run.outcome_sent = True
 
 

@@ -35,7 +35,9 @@ past the bound, or at another OSError, the query ends with an error `result` nam
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -45,7 +47,7 @@ from queryloop.actors.compactor import StageCollapse, context_config
 from queryloop.actors.query_loop.accounting import GuardAccounts, LedgerAccounts, QueryAccounts
 from queryloop.actors.query_loop.context import QueryLoopContext
 from queryloop.actors.query_loop.ending import unwritable_terminal
-from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, Refused, RunQuery
+from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
 from queryloop.actors.query_loop.run import (
     BudgetExceeded,
     Run,
@@ -60,7 +62,7 @@ from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo, collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
-from queryloop.runtime.loop.events import TranscriptMessage, UserMessage
+from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
 from queryloop.runtime.loop.state import (
     COMPLETED,
@@ -170,7 +172,8 @@ class QueryLoop(QueryLoopContext):
         self._subagents: Subagents | None = None
         """Made for the first query that has `agents` (a session without them never has one)."""
         self._run: Run | None = None
-        self._queued: RunQuery | None = None
+        self._queued: deque[RunQuery] = deque()
+        """Messages sent while a query runs, in order: taken in at its next turn boundary, or run after it."""
         # Shared by the session's queries: a query's first request then normalises (scans for an
         # oversized result, searches for a compact boundary) only what the conversation gained since
         # the previous query's last one (made per query, every query of a long session would walk the
@@ -198,11 +201,10 @@ class QueryLoop(QueryLoopContext):
             # The prompt alone: the message's other parts are the run's now, and its work holds its arguments
             # for the whole query (one object fewer in flight a loop).
             self.start_work(self._query, message.prompt, abortable=False)
-        elif (self._run.control.abort_reason is not None or self._run.control.decided) and self._queued is None:
-            self._queued = message  # it starts as soon as the ending query has ended
+        elif message.interrupt:
+            self._queued.appendleft(message)  # the session has aborted the running query: this one is next
         else:
-            message.sink.send_nowait(Refused(reason="a query is already running in this session"))
-            message.sink.close()
+            self._queued.append(message)  # it waits its turn (Claude Code's queued messages)
 
     def on_abort(self, reason: AbortReason) -> None:
         run = self._run
@@ -214,6 +216,11 @@ class QueryLoop(QueryLoopContext):
                 self.after_handlers(lambda: self._end_now(run))
 
     def on_stop(self) -> None:
+        # A message still waiting is never started now: its stream ends, without a result.
+        while self._queued:
+            left = self._queued.popleft()
+            left.sink.close()
+            left.control.end()
         # After the work has ended: no flush is running. What a cancelled query left buffered
         # is written unsynced, as a crash would have it: the next load repairs it.
         if self.transcript is not None:
@@ -315,9 +322,10 @@ class QueryLoop(QueryLoopContext):
         finally:
             self._run = None
             run.control.end()
-            queued, self._queued = self._queued, None
-            if queued is not None:
-                self._submit(queued)
+            if run.absorbed is not None:
+                _answer_absorbed(run)
+            if self._queued:
+                self._submit(self._queued.popleft())
             # The last statement: when the consumer sees the end, this work is done, and so is the
             # ModelCaller's task for the query (the stream ends when it has, if it has not yet).
             run.calls.close(then=run.sink.close)
@@ -415,7 +423,11 @@ class QueryLoop(QueryLoopContext):
             answered = self._settle_answer(run, turn)
             if answered is not None:
                 return answered
-        attachments = await self._attachments(run) if self._attachments_due(run) else []
+        attachments: list[TranscriptMessage] = []
+        if self._attachments_due(run):
+            attachments = [*await self._attachments(run)]
+        if self._queued:  # messages sent while the tools ran join this turn
+            attachments = [*attachments, *await self._take_in_queued(run)]
         if max_turns_reached(state.turn_count, run.options.max_turns):
             return await self._max_turns(run, state)
         state = next_turn(
@@ -427,3 +439,44 @@ class QueryLoop(QueryLoopContext):
         if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits, run.token_count):
             self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
         return state
+
+    async def _take_in_queued(self, run: Run) -> list[TranscriptMessage]:
+        """The messages waiting with this query's options, in order, taken in at this turn boundary as Claude
+        Code takes queued messages in: each joins the conversation (a `queued_message` attachment for a text
+        prompt, the user message itself for blocks), its own stream gets that event, and this query's `result`
+        answers it. A message with other options (overrides), or an interrupt, waits for a query of its own."""
+        taken: list[TranscriptMessage] = []
+        queued = self._queued
+        while queued and _joins(queued[0], run):
+            message = queued.popleft()
+            prompt = message.prompt
+            joined: TranscriptMessage = (
+                AttachmentMessage(attachment={"type": "queued_message", "content": prompt.content})
+                if type(prompt.content) is str
+                else prompt
+            )
+            await self._emit(run, joined)
+            message.sink.push(joined)
+            taken.append(joined)
+            if run.absorbed is None:
+                run.absorbed = []
+            run.absorbed.append(message)
+        return taken
+
+
+def _joins(message: RunQuery, run: Run) -> bool:
+    """Whether a waiting message may be taken into `run` (same options, not an interrupt, not aborted)."""
+    if message.interrupt or message.control.abort_reason is not None:
+        return False
+    return message.options is run.options or message.options == run.options
+
+
+def _answer_absorbed(run: Run) -> None:
+    """The messages `run` took in get its `result` (its terminal and transitions too), and their streams end."""
+    for message in run.absorbed or ():
+        if run.outcome is not None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                for event in run.outcome:
+                    message.sink.push(event)
+        message.sink.close()
+        message.control.end()

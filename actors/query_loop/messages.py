@@ -57,22 +57,19 @@ class QueryControl:
 
 @record
 class RunQuery(CarrierMessage):
+    """A user message to answer. Sent while a query runs, it waits (`QueryLoop`: taken in at that query's next
+    turn boundary, or run next); with `interrupt`, the session has aborted the running query and it runs first."""
+
     prompt: UserMessage
     options: QueryOptions
     sink: EventChannel[Any]
     control: QueryControl
+    interrupt: bool = False
 
 
 @record
 class GetConversation(Message):
     """Answered with a copy of the session's conversation."""
-
-
-@record
-class Refused(Message):
-    """Sent instead of any event when a query cannot start (another one is running)."""
-
-    reason: str
 
 
 @record

@@ -10,7 +10,7 @@ import trio
 from queryloop.actors.budget_guard import BudgetStatus
 from queryloop.actors.compactor import ContextConfig
 from queryloop.actors.model_caller import CallEnded, CallFeed, CallProgress
-from queryloop.actors.query_loop.messages import QueryControl
+from queryloop.actors.query_loop.messages import QueryControl, RunQuery, Settled
 from queryloop.actors.tool_executor import ToolResult
 from queryloop.runtime._frozen import EMPTY_LIST, empty_list, empty_set
 from queryloop.runtime.kernel.flow import EventChannel
@@ -21,6 +21,7 @@ from queryloop.runtime.loop.events import (
     AgentUsage,
     AssistantMessage,
     AttachmentMessage,
+    ResultMessage,
     SystemMessage,
     TranscriptMessage,
     Usage,
@@ -140,6 +141,11 @@ class Run:
     context_message: UserMessage | None = None
     """The user context's message, made once per context (`QueryLoop`): the same object heads every
     request's messages, so that `normalizer` finds them unchanged."""
+    absorbed: list[RunQuery] | None = None
+    """Messages sent while this query ran and taken in at one of its turn boundaries (`QueryLoop`): each is
+    answered by this query's `result`. None until the first (most queries take none in)."""
+    outcome: tuple[Settled, ResultMessage] | None = None
+    """The query's last events, once sent: what the messages it took in are answered with."""
     disk_error: str | None = None
     """Why this query gave up on its transcript (`wait_for_room`); None while its writes succeed. Set, the
     query's later writes are tried once and never waited for, and its `result`'s `errors` name it."""

@@ -54,6 +54,7 @@ from queryloop.runtime.loop.state import State
 from queryloop.runtime.loop.transcript import response_text, strip_signature_blocks
 
 if TYPE_CHECKING:
+    from collections import deque
     from collections.abc import Awaitable, Callable
     from pathlib import Path
 
@@ -95,7 +96,7 @@ class QueryLoopTurns(TrioActor):
     detach: Callable[[Callable[[], Awaitable[None]]], None] | None
     """Runs a coroutine function in the runtime, detached from the query (the StopFailure hooks)."""
     _run: Run | None
-    _queued: RunQuery | None
+    _queued: deque[RunQuery]
 
     # -- the helpers, spawned on first need ------------------------------------------------
 

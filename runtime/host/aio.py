@@ -307,10 +307,11 @@ class AsyncioSession:
     def id(self) -> str:
         return self.session.id
 
-    def query(self, prompt: str | list[Block], **overrides: Any) -> AsyncioQuery:
-        """Submit one user message (as `Session.query`); iterate the returned query for its events.
+    def query(self, prompt: str | list[Block], *, interrupt: bool = False, **overrides: Any) -> AsyncioQuery:
+        """Submit one user message (as `Session.query`: it waits its turn, or `interrupt`s); iterate the returned
+        query for its events.
 
-        An error of the submission itself (`SessionClosed`, invalid overrides, `QueryInProgress`)
+        An error of the submission itself (`SessionClosed`, invalid overrides)
         is raised by the first wait on the query. `RuntimeClosed` is raised here.
         """
         if self._bridge.finished or self.session.supervisor.closed:
@@ -319,6 +320,8 @@ class AsyncioSession:
             msg = f"session {self.id} is closed"
             raise SessionClosed(msg)
         overrides = self._runtime._hosted_overrides(overrides)  # noqa: SLF001 - the facade's own parts
+        if interrupt:
+            overrides = {**overrides, "interrupt": True}  # `Session.query`'s own keyword
         pipe = Pipe(self._bridge, self.session)
         self._bridge.to_trio(lambda: pipe.submit(prompt, overrides))
         self._bridge.pipes.add(pipe)

@@ -323,8 +323,11 @@ class BlockingSession:
     def id(self) -> str:
         return self.session.id
 
-    def query(self, prompt: str | list[Block], **overrides: Any) -> BlockingQuery:
-        """Submit one user message (as `Session.query`); `RuntimeClosed` once the runtime's close has begun."""
+    def query(self, prompt: str | list[Block], *, interrupt: bool = False, **overrides: Any) -> BlockingQuery:
+        """Submit one user message (as `Session.query`: it waits its turn, or `interrupt`s); `RuntimeClosed` once
+        the runtime's close has begun."""
+        if interrupt:
+            overrides = {**overrides, "interrupt": True}  # `Session.query`'s own keyword
         return self._runtime._query(self.session, prompt, overrides)  # noqa: SLF001 - the facade's own parts
 
     def abort(self, reason: AbortReason = "user") -> int:

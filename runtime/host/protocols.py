@@ -78,8 +78,9 @@ class SessionView(Protocol):
     @property
     def id(self) -> str: ...
 
-    def query(self, prompt: str | list[Block], **overrides: Any) -> QueryView:
-        """Submit one user message; `overrides` change options for this query only."""
+    def query(self, prompt: str | list[Block], *, interrupt: bool = False, **overrides: Any) -> QueryView:
+        """Submit one user message; `overrides` change options for this query only. Sent while a query runs, it
+        waits its turn (taken in at that query's next turn boundary, or run next); `interrupt` interrupts it."""
 
     async def abort(self, reason: AbortReason = "user") -> int:
         """Abort whatever runs in the session; how many of its actors acknowledged it (0: none was reached)."""
@@ -134,7 +135,7 @@ class SyncSessionView(Protocol):
     @property
     def id(self) -> str: ...
 
-    def query(self, prompt: str | list[Block], **overrides: Any) -> SyncQueryView: ...
+    def query(self, prompt: str | list[Block], *, interrupt: bool = False, **overrides: Any) -> SyncQueryView: ...
 
     def abort(self, reason: AbortReason = "user") -> int: ...
 

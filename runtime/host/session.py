@@ -15,12 +15,13 @@ before the end, aborts the query (reason `user`) and leaves the session usable.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any, Self
 
 import trio
 
-from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, Refused, RunQuery, Settled
-from queryloop.runtime.errors import QueryInProgress, SessionClosed
+from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, RunQuery, Settled
+from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, is_disk_full, retry_while_full
 from queryloop.runtime.loop.events import (
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.state import ContinueReason, Terminal
 
 
-_BOOKKEEPING = frozenset({Settled, Refused, ResultMessage})
+_BOOKKEEPING = frozenset({Settled, ResultMessage})
 """What the handle itself looks at as it passes (`QueryHandle._received`). A plain dict is a raw stream event,
 put in the channel as the provider streamed it and wrapped in its `StreamEvent` only as the consumer takes it:
 an event waiting for the consumer then keeps one object alive, not two (fewer for the collector to walk at a
@@ -206,8 +207,6 @@ class QueryHandle:
         if kind is Settled:
             self._terminal, self._transitions = item.terminal, item.transitions
             return None
-        if kind is Refused:
-            raise QueryInProgress(item.reason)
         if kind is ResultMessage:
             self._result = item
         event: QueryEvent = item
@@ -231,12 +230,19 @@ class QueryHandle:
         going on to its result. On the trio thread (`BlockingQuery.abort` hands it there)."""
         control = self._control
         if self._result is None and not control.finished and control.abort_reason is None:
-            self._session.abort_nowait(reason)
+            if self._session._running() is control:  # noqa: SLF001 - its own session
+                self._session.abort_nowait(reason)
+            else:  # it waits its turn: it ends aborted when its turn comes, without running
+                control.request_abort(reason)
 
     async def aclose(self) -> None:
         """Stop listening; a query still running is aborted (reason `user`)."""
-        if not self.done and self._control.abort_reason is None:
-            await self._session.abort("user")
+        control = self._control
+        if not self.done and control.abort_reason is None and not control.finished:
+            if self._session._running() is control:  # noqa: SLF001 - its own session
+                await self._session.abort("user")
+            else:
+                control.request_abort("user")  # it waits its turn: it ends without running
         self._events.close_receiver()
 
     async def __aenter__(self) -> Self:
@@ -257,7 +263,10 @@ class QueryHandle:
 
         def abandoned() -> None:
             if control.abort_reason is None and not control.finished:
-                session.abort_nowait("user")
+                if session._running() is control:  # noqa: SLF001 - its own session
+                    session.abort_nowait("user")
+                else:
+                    control.request_abort("user")
             events.close_receiver()
 
         try:
@@ -299,8 +308,9 @@ class Session:
         self._loop = loop
         self._transcript = transcript
         """The session's log (the QueryLoop appends to it): each handle writes it before its consumer takes an event."""
-        self._control: QueryControl | None = None
-        self._current_events: EventChannel[Any] | None = None
+        self._pending: deque[tuple[QueryControl, EventChannel[Any]]] = deque()
+        """Every query submitted and not yet over, in the order the QueryLoop takes them: the first is the one
+        that runs (`_running`), the rest wait their turn."""
         supervisor.add_crash_listener(self._crashed)
 
     @property
@@ -311,10 +321,15 @@ class Session:
     def failure(self) -> ActorCrashed | None:
         return self.supervisor.failure
 
-    def query(self, prompt: str | list[Block], **overrides: Any) -> QueryHandle:
+    def query(self, prompt: str | list[Block], *, interrupt: bool = False, **overrides: Any) -> QueryHandle:
         """Submit one user message; `overrides` change options for this query only (validated).
 
-        Submitted while a query runs, it interrupts that query (reason `interrupt`) and runs next.
+        Submitted while a query runs, it waits its turn, as Claude Code's queued messages do: it is taken in
+        at that query's next turn boundary (its stream then gets the `queued_message` attachment that joined
+        the conversation, and that query's `result` answers it), or, if that query ends first, it runs as a
+        query of its own. Messages sent back to back are all answered, in order. A message with `overrides`
+        always runs as its own query. `interrupt=True` interrupts the running query instead (reason
+        `interrupt`: no interruption message, as Claude Code's submit-interrupt), and runs next.
         """
         if self.supervisor.closed:
             msg = f"session {self.id} is closed"
@@ -323,21 +338,32 @@ class Session:
         prompt_message = (
             UserMessage(content=prompt) if type(prompt) is str else UserMessage.model_validate({"content": prompt})
         )
-        running = self._control
-        if running is not None and not running.finished and not running.decided and running.abort_reason is None:
-            # A message submitted while a query runs interrupts it (as in Claude Code's loop, no
-            # interruption message for `interrupt`); the new query runs as soon as the aborted one has ended.
-            self.abort_nowait("interrupt")
         options = self.options
         if overrides:
             options = QueryOptions.model_validate({**dict(options), **overrides})
             refuse_asyncio_provider(options)
+        running = self._running()
+        interrupting = interrupt and running is not None
+        if interrupting and running is not None and not running.decided and running.abort_reason is None:
+            self.abort_nowait("interrupt")
         events: EventChannel[Any] = EventChannel(options.event_buffer)
         control = QueryControl()
         handle = QueryHandle(self, events, control, self._transcript)
-        self._control, self._current_events = control, events
-        self._loop.tell(RunQuery(prompt=prompt_message, options=options, sink=events, control=control))
+        if interrupting:
+            self._pending.insert(1, (control, events))  # next, after the interrupted one
+        else:
+            self._pending.append((control, events))
+        self._loop.tell(
+            RunQuery(prompt=prompt_message, options=options, sink=events, control=control, interrupt=interrupting)
+        )
         return handle
+
+    def _running(self) -> QueryControl | None:
+        """The query that runs now (or is about to start), if any: the first one submitted that is not over."""
+        pending = self._pending
+        while pending and pending[0][0].finished:
+            pending.popleft()
+        return pending[0][0] if pending else None
 
     async def abort(self, reason: AbortReason = "user") -> int:
         """Abort the running query (if any) and every actor's in-flight work; returns how many actors acknowledged
@@ -351,9 +377,11 @@ class Session:
         self.supervisor.abort_nowait(reason)
 
     def _mark_aborted(self, reason: AbortReason) -> None:
-        # Before the broadcast: an Abort that overtakes the RunQuery still reaches the query.
-        if self._control is not None:
-            self._control.request_abort(reason)
+        # Before the broadcast: an Abort that overtakes the RunQuery still reaches the query. Only the query
+        # that runs: the messages waiting their turn go on (the session's close ends them too).
+        running = self._running()
+        if running is not None:
+            running.request_abort(reason)
 
     async def transcript(self) -> list[TranscriptMessage]:
         """The conversation so far: every transcript message emitted, tombstoned ones removed."""
@@ -370,18 +398,20 @@ class Session:
         return self.supervisor.live_tasks()
 
     async def close(self) -> None:
-        """Abort what runs, then stop every actor of the session."""
-        control = self._control
-        if control is not None and not control.finished and not self.supervisor.closed:
+        """Abort what runs and what waits its turn, then stop every actor of the session."""
+        if self._running() is not None and not self.supervisor.closed:
+            for control, _ in self._pending:
+                control.request_abort("shutdown")  # a waiting one then ends at once when its turn comes
+            last = self._pending[-1][0]
             await self.abort("shutdown")
-            await control.wait_ended()  # the aborted query ends properly before its actors stop
+            await last.wait_ended()  # every query ends properly, in order, before the actors stop
         await self.supervisor.close()
-        if self._current_events is not None:
-            self._current_events.close()
+        for _, events in self._pending:
+            events.close()
 
     def _crashed(self, failure: ActorCrashed) -> None:
-        if self._current_events is not None:
-            self._current_events.close()  # the handle ends and raises the failure
+        for _, events in self._pending:
+            events.close()  # each handle ends and raises the failure
 
 
 def refuse_asyncio_provider(options: QueryOptions) -> None:

@@ -58,7 +58,9 @@ class RemoteSession:
     def id(self) -> str:
         return self._id
 
-    def query(self, prompt: str | list[Block], *, events: EventsMode = "all", **overrides: Any) -> RemoteQuery:
+    def query(
+        self, prompt: str | list[Block], *, interrupt: bool = False, events: EventsMode = "all", **overrides: Any
+    ) -> RemoteQuery:
         """Submit one user message; iterate the returned query for its events (`events="all"`), those
         but the raw stream deltas (`"messages"`), or only its result (`"result"`).
 
@@ -73,6 +75,8 @@ class RemoteSession:
         if self.closed:
             msg = f"session {self.key!r} is closed"
             raise RuntimeClosed(msg)
+        if interrupt:
+            overrides = {**overrides, "interrupt": True}  # `Session.query`'s own keyword, on the shard
         router = self._router
         qid = router._next_qid()  # noqa: SLF001 - its own runtime's routing
         inbox = Inbox(self, qid)

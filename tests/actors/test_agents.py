@@ -172,7 +172,7 @@ async def test_aborting_the_parent_mid_fan_out_ends_every_child_with_nothing_run
                     if reason == "user":
                         await session.abort("user")
                     else:
-                        next_handle = session.query("Next")  # a message mid-query interrupts it
+                        next_handle = session.query("Next", interrupt=True)  # a message that interrupts the query
         # The stream has ended: no task of any descendant runs, every child group is closed.
         assert all(child.closed and child.live_tasks() == 0 for child in children)
         assert all(actor.actor_stopped.is_set() for actor in actors)

@@ -19,7 +19,6 @@ import trio.testing
 from queryloop import Runtime
 from queryloop.actors.query_loop import QueryControl
 from queryloop.actors.query_loop.ending import budget_error
-from queryloop.runtime.errors import QueryInProgress
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
@@ -50,6 +49,7 @@ from tests.helpers import (
     ToolLog,
     assert_settled,
     consume,
+    hang_guard,
     open_session,
     run_query,
     scripted_tool,
@@ -956,7 +956,7 @@ async def test_memory_prefetch_result_is_injected_once_when_settled() -> None:
         await assert_settled(ran)
 
 
-async def test_submitting_while_tools_run_interrupts_the_query_and_continues_with_the_new_message(
+async def test_submitting_with_interrupt_while_tools_run_interrupts_the_query_and_continues_with_the_new_message(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with Runtime.open() as runtime:
@@ -964,7 +964,7 @@ async def test_submitting_while_tools_run_interrupts_the_query_and_continues_wit
         session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=60)])
         first = session.query("first")
         await trio.sleep(1)  # the tool runs
-        second = session.query("actually, do this instead")
+        second = session.query("actually, do this instead", interrupt=True)
         interrupted = await consume(session, first, model)
         ran = await consume(session, second, model)
         assert interrupted.reason == "aborted_tools"
@@ -976,19 +976,88 @@ async def test_submitting_while_tools_run_interrupts_the_query_and_continues_wit
         await assert_settled(ran)
 
 
-async def test_a_third_message_while_one_is_already_waiting_is_refused(autojump_clock: trio.testing.MockClock) -> None:
+async def test_messages_sent_back_to_back_are_all_answered_in_order(autojump_clock: trio.testing.MockClock) -> None:
     async with Runtime.open() as runtime:
-        model = ScriptedModel([text_reply(latency_ms=1000), text_reply(), text_reply()])
+        model = ScriptedModel([text_reply("one", latency_ms=1000), text_reply("two"), text_reply("three")])
         session = await open_session(runtime, model)
+        handles = [session.query(prompt) for prompt in ("first", "second", "third")]
+        answers = [await consume(session, handle, model) for handle in handles]
+        assert [ran.reason for ran in answers] == ["completed"] * 3
+        assert [ran.handle.result.result for ran in answers if ran.handle.result] == ["one", "two", "three"]
+        # Each answered its own message, in order: the n-th request ends with the n-th prompt.
+        last_prompts = [request.messages[-1]["content"][-1]["text"] for request in model.requests]
+        assert last_prompts == ["first", "second", "third"]
+        assert [m.type for m in await session.transcript()] == ["user", "assistant"] * 3
+        await assert_settled(answers[-1])
+
+
+async def test_a_message_sent_while_tools_run_is_taken_in_at_the_next_turn_boundary(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([tools_reply(tool_use("t1", "slow")), text_reply("Both done.")])
+        session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=60)])
         first = session.query("first")
-        second = session.query("second")
-        third = session.query("third")
-        with pytest.raises(QueryInProgress):
-            await consume(session, third, model)
-        await consume(session, first, model)
-        ran = await consume(session, second, model)
-        assert ran.handle.terminal is not None
+        await trio.sleep(1)  # the tool runs
+        queued = session.query("and also this")
+        ran = await consume(session, first, model)
+        taken = await consume(session, queued, model)
+        assert ran.reason == "completed" and len(model.requests) == 2  # one query answered both
+        second_request = model.requests[1].messages
+        assert second_request[-1]["role"] == "user"
+        assert second_request[-1]["content"][-1] == {"type": "text", "text": "and also this"}
+        taken_in = [e for e in ran.events if isinstance(e, AttachmentMessage)]
+        assert [a.attachment for a in taken_in] == [{"type": "queued_message", "content": "and also this"}]
+        assert taken.events[0] is taken_in[0]  # its own stream says it was taken in, then gets the answer
+        assert taken.handle.result is ran.handle.result and taken.reason == "completed"
+        conversation = await session.transcript()
+        assert [m.type for m in conversation] == ["user", "assistant", "user", "attachment", "assistant"]
+        assert transcript_problems(conversation) == []
         await assert_settled(ran)
+
+
+async def test_a_message_with_overrides_waits_for_a_query_of_its_own(autojump_clock: trio.testing.MockClock) -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([tools_reply(tool_use("t1", "slow")), text_reply("First."), text_reply("Second.")])
+        session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=60)])
+        first = session.query("first")
+        await trio.sleep(1)
+        own = session.query("second", max_turns=5)
+        ran = await consume(session, first, model)
+        second = await consume(session, own, model)
+        assert ran.handle.result is not None and ran.handle.result.result == "First."
+        assert second.handle.result is not None and second.handle.result.result == "Second."
+        assert not any(isinstance(e, AttachmentMessage) for e in ran.events)
+
+
+async def test_closing_a_session_with_messages_waiting_ends_every_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([text_reply("one", latency_ms=10_000), text_reply("two"), text_reply("three")])
+        session = await open_session(runtime, model)
+        handles = [session.query(prompt) for prompt in ("first", "second", "third")]
+        await trio.sleep(1)
+        with hang_guard(60, "closing a session with messages waiting"):
+            await session.close()
+            events = [[event async for event in handle] for handle in handles]
+        assert handles[0].terminal is not None and handles[0].terminal.reason == "aborted_streaming"
+        assert all(not e or e[-1].type == "result" for e in events)  # each ended, with a result or without
+        assert len(model.requests) == 1  # the waiting ones never called the model
+
+
+async def test_aborting_a_waiting_message_ends_it_without_touching_the_running_query(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([text_reply("one", latency_ms=1000), text_reply("three")])
+        session = await open_session(runtime, model)
+        first, second, third = (session.query(prompt) for prompt in ("first", "second", "third"))
+        second.abort()
+        answers = [await consume(session, handle, model) for handle in (first, second, third)]
+        assert answers[0].reason == "completed" and answers[2].reason == "completed"
+        assert answers[1].handle.result is not None and answers[1].handle.result.subtype == "error_during_execution"
+        assert [request.messages[-1]["content"][-1]["text"] for request in model.requests] == ["first", "third"]
 
 
 async def test_a_host_wide_limit_caps_concurrent_model_calls(autojump_clock: trio.testing.MockClock) -> None:
