@@ -179,7 +179,7 @@ class StartCall(CarrierMessage):
     """What the executor needs to run this call's tools (passed on with each `AddTool`)."""
     max_retries: int
     fallback_available: bool = False
-    """Persistent overload (retries exhausted on 529s) then asks for the fallback model, as the reference does."""
+    """Persistent overload (retries exhausted on 529s) then asks for the fallback model, as Claude Code does."""
     feed: CallFeed | None = None
     """The query's feed: the task this call starts runs the query's later calls from it (None: this call only)."""
     transcript: TranscriptLog | None = None

@@ -1,6 +1,6 @@
 """StreamingToolExecutor: runs the current turn's tools as their blocks complete.
 
-Scheduling follows the reference: tools are queued in block order; a tool
+Scheduling follows Claude Code's: tools are queued in block order; a tool
 starts when nothing runs, or when it and everything running are
 concurrency-safe; a queued unsafe tool blocks the queue behind it, so unsafe
 tools run alone and in order. Each tool is abortable work of this actor, under
@@ -313,7 +313,7 @@ class StreamingToolExecutor(TrioActor):
         prevent = False
         name = entry.block.get("name", "")
         tool = turn.tools.get(name)
-        observed = tool.observable_input(tool_input) if tool is not None else None  # seed 004's backfill
+        observed = tool.observable_input(tool_input) if tool is not None else None  # backfill of observable input
         tool_input = observed if observed is not None else tool_input
         for hook in turn.post_tool_use_hooks:
             try:

@@ -1,6 +1,6 @@
 """The in-run baseline: workload W as a plain trio async-generator loop, no actors.
 
-DESIGN §6 defines it: the same work, only the actors gone. It consumes the same `ScriptedModel`
+The baseline is the same work, only the actors gone. It consumes the same `ScriptedModel`
 event stream, runs the same tools (concurrency-safe ones in parallel, started as their blocks
 complete), builds the same transcript objects and requests (the same system prompt and tool
 schemas; each request normalised incrementally, through the same constructors: `stream_event`,

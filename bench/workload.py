@@ -1,4 +1,4 @@
-"""Workload W (DESIGN §6): per loop three model calls (two tool calls, then one, then a final answer),
+"""Workload W: per loop three model calls (two tool calls, then one, then a final answer),
 model latency L ms, tool latency T ms. Both the runtime and the baseline run exactly this."""
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ AbortReason = Literal["user", "interrupt", "crash", "shutdown"]
 """Why a session is aborted.
 
 `user` is Ctrl+C / ESC or a consumer that stopped listening; `interrupt` is a new
-user message submitted while tools ran (seed 000: no interruption message);
+user message submitted while tools ran (Claude Code's submit-interrupt: no interruption message);
 `crash` is a sibling actor that failed; `shutdown` is the runtime closing.
 """
 

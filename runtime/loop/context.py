@@ -1,6 +1,6 @@
 """Context management as pure functions: token counts, thresholds and the lighter pipeline steps.
 
-The Compactor actor calls these in the order of seed 002's pipeline, lightest
+The Compactor actor calls these in the order of Claude Code's context pipeline, lightest
 first. Each returns a new message list (messages are frozen; nothing is edited in
 place) and keeps every `tool_use` paired with its `tool_result`.
 
@@ -98,7 +98,7 @@ def token_warning_state(tokens: int, limits: ContextLimits) -> TokenWarningState
 
 
 def estimate_tokens(message: TranscriptMessage) -> int:
-    """A rough count (4 characters a token), as the reference's estimation does between API counts."""
+    """A rough count (4 characters a token), as Claude Code's estimation does between API counts."""
     content = getattr(message, "content", "") if not isinstance(message, SystemMessage) else ""
     if isinstance(content, str):
         return len(content) // 4 + 4

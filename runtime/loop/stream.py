@@ -260,7 +260,7 @@ def usage_from(raw: dict[str, Any], previous: Usage) -> Usage:
     """The usage after a `message_start` / `message_delta` usage object, given the usage before it
     (`ValueError` for a count that is not a non-negative integer: see `reported_usage`)."""
     # message_delta usage is cumulative: a non-zero field replaces the previous value. A zero
-    # leaves it, as the reference's updateUsage does (deltas report 0 for counts they omit).
+    # leaves it, as Claude Code's updateUsage does (deltas report 0 for counts they omit).
     inputs, outputs, writes, reads, one_hour = reported_usage(raw)
     return Usage(
         input_tokens=inputs or previous.input_tokens,

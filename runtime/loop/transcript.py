@@ -38,7 +38,7 @@ MODEL_VISIBLE_ATTACHMENTS = frozenset({"file_changed", "queued_message", "memory
 
 
 def tool_error(message: str) -> str:
-    """The body of an error tool result, as the reference shapes it."""
+    """The body of an error tool result, as Claude Code shapes it."""
     return f"<tool_use_error>{message}</tool_use_error>"
 
 
@@ -111,7 +111,7 @@ def result_ids(messages: list[TranscriptMessage]) -> set[str]:
 def missing_tool_results(
     assistant_messages: list[AssistantMessage], results: list[TranscriptMessage], text: str
 ) -> list[UserMessage]:
-    """Synthetic error results for every `tool_use` that has none yet (seed 000's `yieldMissingToolResultBlocks`)."""
+    """Synthetic error results for every `tool_use` that has none yet (Claude Code's `yieldMissingToolResultBlocks`)."""
     have = result_ids(results)
     return [
         tool_result_message(tool_id, text, is_error=True)
@@ -121,7 +121,7 @@ def missing_tool_results(
 
 
 def strip_signature_blocks(messages: list[TranscriptMessage]) -> list[TranscriptMessage]:
-    """Drop thinking blocks, whose signatures bind them to the model being left (fallback, seed 001)."""
+    """Drop thinking blocks, whose signatures bind them to the model being left (on a fallback)."""
     out: list[TranscriptMessage] = []
     for message in messages:
         if isinstance(message, AssistantMessage) and any(_is_thinking(b) for b in message.content):
@@ -151,7 +151,7 @@ def response_text(message_id: str, text: str, message: AssistantMessage) -> tupl
 
 
 def user_context_message(user_context: dict[str, str]) -> UserMessage | None:
-    """The user context, prepended to the messages (not the system prompt) as the reference does."""
+    """The user context, prepended to the messages (not the system prompt) as Claude Code does."""
     if not user_context:
         return None
     lines = "\n".join(f"# {key}\n{value}" for key, value in user_context.items())

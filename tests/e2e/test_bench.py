@@ -117,7 +117,7 @@ def test_bench_stream_reports_events_per_second_and_growth(capsys: pytest.Captur
 
 
 async def test_the_baseline_does_the_runtimes_work_on_w_the_same_requests_events_and_result() -> None:
-    """DESIGN §6: the same work, only the actors gone (so the ratio prices the actors alone)."""
+    """The baseline: the same work, only the actors gone (so the ratio prices the actors alone)."""
     runtime_model, baseline_model = workload.model(0), workload.model(0)
     async with Runtime.open() as runtime:
         session = await runtime.open_session(QueryOptions(provider=runtime_model, tools=workload.tools(0)))

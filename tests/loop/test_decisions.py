@@ -1,4 +1,4 @@
-"""`queryloop.runtime.loop.decisions`: the loop's decisions as pure functions (DESIGN §3)."""
+"""`queryloop.runtime.loop.decisions`: the loop's decisions as pure functions."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_max_output_tokens_recovery_limit_is_three() -> None:
 
 
 def test_a_fresh_response_chain_may_escalate_again() -> None:
-    # DESIGN §3: the override is reset by the sites that start a fresh response; the recovery path keeps it.
+    # The output-token override is reset by the sites that start a fresh response; the recovery path keeps it.
     escalated = max_output_tokens_escalate(fresh(), list(fresh().messages), ESCALATED)
     assert action(escalated) == "recover"
     recovered = max_output_tokens_recovery(escalated, escalated.messages, truncated(1), UserMessage(content="go"))

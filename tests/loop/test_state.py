@@ -1,4 +1,4 @@
-"""`queryloop.runtime.loop.state`: the loop State and what each continue site resets or keeps (DESIGN §3)."""
+"""`queryloop.runtime.loop.state`: the loop State and what each continue site resets or keeps."""
 
 from __future__ import annotations
 
