@@ -68,7 +68,7 @@ class QueryLoopContext(QueryLoopEnding):
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
     ) -> State | None:
         """Escalate once, silently; then up to three recovery messages; None: surface the error."""
-        options = run.options
+        options = run.setup.options
         action = max_output_tokens_action(
             state, max_output_tokens=options.max_output_tokens, escalated=options.escalated_max_output_tokens
         )
@@ -86,7 +86,7 @@ class QueryLoopContext(QueryLoopEnding):
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
     ) -> State | Terminal:
         """A `pause_turn`: the paused response goes back as is (the next State), or the cap ends the query."""
-        cap = run.options.max_pause_turn_continuations
+        cap = run.setup.options.max_pause_turn_continuations
         if not pause_turn_may_continue(state.pause_turn_continuations, cap):
             why = f"the model paused its turn (pause_turn) {cap + 1} times; max_pause_turn_continuations is {cap}"
             return await self._model_error(run, turn, ModelError("api_error", why))
@@ -98,7 +98,7 @@ class QueryLoopContext(QueryLoopEnding):
     ) -> State | Terminal:
         """A response without tools: the stop hooks, then the token budget; the next State, or the end."""
         prevent, errors = await self._stop_hooks(run, state, messages_for_query, turn)
-        cap = run.options.stop_hook_block_cap
+        cap = run.setup.options.stop_hook_block_cap
         capped = bool(errors) and stop_hook_block_capped(state.stop_hook_blocks, cap)
         # An overridden block's feedback is not emitted: it would join the conversation, unanswered.
         blocking = (
@@ -107,7 +107,7 @@ class QueryLoopContext(QueryLoopEnding):
         if prevent is None:
             for message in blocking:
                 await self._emit(run, message)
-        if run.control.abort_reason is not None:
+        if run.setup.control.abort_reason is not None:
             return self._end_early(run, turn, abort_terminal(True, False))
         if prevent is not None:
             return Terminal(reason="stop_hook_prevented", error=prevent)
@@ -139,7 +139,7 @@ class QueryLoopContext(QueryLoopEnding):
     ) -> State | Terminal:
         """A prompt-too-long: the cascade's next State, or the query's end (aborted meanwhile, or nothing helped)."""
         recovered = await self._recover_prompt_too_long(run, state, messages_for_query)
-        if run.control.abort_reason is not None:  # aborted while compacting: the abort comes first
+        if run.setup.control.abort_reason is not None:  # aborted while compacting: the abort comes first
             return self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids)))
         if recovered is None:
             await self._surface_failure(run, withheld, "invalid_request")
@@ -156,9 +156,10 @@ class QueryLoopContext(QueryLoopEnding):
         the 413 cascade's compaction first (a recovery message would have no room); otherwise, and when
         compaction cannot help, through the max-output-tokens recovery, as any cut-off does.
         """
-        if ended.stop_reason == "model_context_window_exceeded" and context_is_full(ended.usage, run.context.limits):
+        limits = run.setup.context_config.limits
+        if ended.stop_reason == "model_context_window_exceeded" and context_is_full(ended.usage, limits):
             compacted = await self._recover_prompt_too_long(run, state, messages_for_query)
-            if run.control.abort_reason is not None:
+            if run.setup.control.abort_reason is not None:
                 return self._end_early(run, turn, abort_terminal(True, False))
             if compacted is not None:
                 return compacted
@@ -182,7 +183,7 @@ class QueryLoopContext(QueryLoopEnding):
             await self._emit(run, ToolUseSummaryEvent(summary=summary, preceding_tool_use_ids=pending.tool_use_ids))
 
     def _start_summary(self, run: Run, turn: Turn) -> PendingSummary | None:
-        if not run.options.tool_use_summaries or not turn.tool_ids:
+        if not run.setup.options.tool_use_summaries or not turn.tool_ids:
             return None
         uses = [b for m in turn.assistant_messages for b in m.content if b.get("type") == "tool_use"]
         results = [
@@ -194,10 +195,10 @@ class QueryLoopContext(QueryLoopEnding):
         ]
         future = self.summarizer.ask(
             Summarize(
-                model=run.options.small_model,
+                model=run.setup.options.small_model,
                 tool_uses=uses,
                 results=results,
-                stream_idle_timeout_s=run.options.stream_idle_timeout_s,
+                stream_idle_timeout_s=run.setup.options.stream_idle_timeout_s,
             ),
             block=False,
         )
@@ -206,14 +207,14 @@ class QueryLoopContext(QueryLoopEnding):
     @staticmethod
     def _pipeline_needed(run: Run, messages: list[TranscriptMessage]) -> bool:
         """Whether a compaction stage has work on `messages` (not on most iterations): `pipeline_needed`."""
-        context = run.context
+        context = run.setup.context_config
         return pipeline_needed(
             messages,
             context.limits,
             max_tool_result_chars=context.max_tool_result_chars,
             snip_max_rounds=context.snip_max_rounds,
-            scan=run.oversized_scan,
-            count=run.token_count,
+            scan=run.caches.oversized_scan,
+            count=run.caches.token_count,
         )
 
     async def _through_pipeline(
@@ -240,19 +241,22 @@ class QueryLoopContext(QueryLoopEnding):
         answer: Prepared | None = None
         with self._phase(run):
             try:
-                prepare = Prepare(messages=messages, config=run.context, autocompact_failures=run.autocompact_failures)
+                prepare = Prepare(
+                    messages=messages, config=run.setup.context_config, autocompact_failures=run.autocompact_failures
+                )
                 answer = await self.compactor.ask(prepare, block=False)
             except WorkCancelled:
                 answer = None
-        return None if run.control.abort_reason is not None else answer
+        return None if run.setup.control.abort_reason is not None else answer
 
     async def _install_compaction(
         self, run: Run, compacted: list[TranscriptMessage], pre_tokens: int
     ) -> list[TranscriptMessage]:
         for message in compacted:
             await self._emit(run, message)
-        if run.options.task_budget is not None:  # loop-local, updated on compaction only
-            remaining = run.task_budget_remaining if run.task_budget_remaining is not None else run.options.task_budget
+        total = run.setup.options.task_budget
+        if total is not None:  # loop-local, updated on compaction only
+            remaining = run.task_budget_remaining if run.task_budget_remaining is not None else total
             run.task_budget_remaining = max(0, remaining - pre_tokens)
         return messages_after_compact_boundary(compacted)
 
@@ -260,7 +264,7 @@ class QueryLoopContext(QueryLoopEnding):
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
     ) -> State | None:
         """The prompt-too-long cascade: collapse drain (never twice in a row), then one reactive compact."""
-        options = run.options
+        options = run.setup.options
         transition = state.transition
         if options.context_collapse and (transition is None or transition.reason != "collapse_drain_retry"):
             drained: Drained = await self.compactor.ask(DrainCollapses(messages=messages_for_query), block=False)
@@ -272,11 +276,12 @@ class QueryLoopContext(QueryLoopEnding):
             with self._phase(run):
                 try:
                     compacted = await self.compactor.ask(
-                        Compact(messages=messages_for_query, config=run.context, trigger="reactive"), block=False
+                        Compact(messages=messages_for_query, config=run.setup.context_config, trigger="reactive"),
+                        block=False,
                     )
                 except WorkCancelled:
                     compacted = None
-            if compacted is not None and run.control.abort_reason is None:
+            if compacted is not None and run.setup.control.abort_reason is None:
                 run.autocompact_failures = 0  # the seed resets `autoCompactTracking` here
                 await self._install_compaction(run, compacted.messages, compacted.pre_tokens)
                 run.transitions.append("reactive_compact_retry")
@@ -285,7 +290,7 @@ class QueryLoopContext(QueryLoopEnding):
 
     async def _token_budget_nudge(self, run: Run) -> UserMessage | None:
         """The token-budget gate: a meta nudge to go on, or None to stop (with its completion event)."""
-        if run.options.token_budget is None:
+        if run.setup.options.token_budget is None:
             return None
         decision = await self.accounts.check_token_budget(run.usage.output_tokens)
         if decision.action == "continue" and decision.nudge_message is not None:
@@ -302,7 +307,7 @@ class QueryLoopContext(QueryLoopEnding):
         """Every stop hook in turn: the first `prevent`, and the blocking errors' texts. A hook that raises
         counts as passing: its `hook_error` event is emitted at once and its text kept for the result's
         `errors`."""
-        hooks = run.options.stop_hooks
+        hooks = run.setup.options.stop_hooks
         if not hooks:
             return None, []
         agent_id, agent_type = self.agent or (None, None)
@@ -370,7 +375,7 @@ class QueryLoopContext(QueryLoopEnding):
     def _attachments_due(run: Run) -> bool:
         """Whether context can have arisen while the tools ran (not on most turns of most queries)."""
         memory_due = run.memory is not None and not run.memory_used
-        return bool(run.options.attachment_sources) or memory_due or run.memory_failure is not None
+        return bool(run.setup.options.attachment_sources) or memory_due or run.memory_failure is not None
 
     async def _attachments(self, run: Run) -> list[AttachmentMessage]:
         """Context that arose while the tools ran (`_attachments_due`), injected before the next model call.
@@ -383,7 +388,7 @@ class QueryLoopContext(QueryLoopEnding):
             run.memory_failure = None
             await self._emit(run, failure)
         messages: list[AttachmentMessage] = []
-        for source in run.options.attachment_sources:
+        for source in run.setup.options.attachment_sources:
             try:
                 collected = checked_attachments(await source.collect())
                 messages.extend(AttachmentMessage(attachment=a) for a in collected)
@@ -398,8 +403,8 @@ class QueryLoopContext(QueryLoopEnding):
         return messages
 
     async def _prefetch_memory(self, run: Run, messages: list[TranscriptMessage]) -> None:
-        assert run.options.memory_prefetch is not None
-        prefetch = run.options.memory_prefetch
+        prefetch = run.setup.options.memory_prefetch
+        assert prefetch is not None
         try:
             run.memory = checked_memory(await prefetch(messages))
         except Exception as error:  # noqa: BLE001 - the host's prefetch: a non-blocking error, as a hook's
@@ -413,6 +418,6 @@ class QueryLoopContext(QueryLoopEnding):
 
 def _out_of_attempts(run: Run, structured: StructuredAnswer) -> Terminal | None:
     """The query's end once its failed attempts at a structured answer reach the cap, else None."""
-    if attempts_exhausted(structured.failures, run.options.max_structured_output_retries):
+    if attempts_exhausted(structured.failures, run.setup.options.max_structured_output_retries):
         return Terminal(reason="max_structured_output_retries", error=exhausted_text(structured.failures))
     return None

@@ -84,7 +84,7 @@ class QueryLoopEnding(QueryLoopTurns):
         # it all before its next wait, where the cancellation lands): it decides how the turn ends.
         self._drain_in_ending(run, turn)
         run.terminal = self._end_early(run, turn, abort_terminal(turn.ended is not None, bool(turn.tool_ids)))
-        run.control.decided = True
+        run.setup.control.decided = True
         log = self.transcript
         if log is not None:
             try:
@@ -112,7 +112,7 @@ class QueryLoopEnding(QueryLoopTurns):
         if turn is not None:
             turn.progress.cut = True  # whatever step the call's task still takes, it reaches no one
             self._collect_remaining(run, turn, text)
-        if interrupted and run.control.abort_reason != "interrupt":
+        if interrupted and run.setup.control.abort_reason != "interrupt":
             note = INTERRUPT_MESSAGE_FOR_TOOL_USE if reason == "aborted_tools" else INTERRUPT_MESSAGE
             self._emit_now(run, UserMessage(content=[{"type": "text", "text": note}]))
         return Terminal(reason=reason)
@@ -147,7 +147,7 @@ class QueryLoopEnding(QueryLoopTurns):
     async def _max_turns(self, run: Run, state: State) -> Terminal:
         """At the `next_turn` site, the next turn would pass `max_turns` (`max_turns_reached`): the query
         ends, saying so."""
-        max_turns = run.options.max_turns
+        max_turns = run.setup.options.max_turns
         attachment = {"type": "max_turns_reached", "maxTurns": max_turns, "turnCount": state.turn_count + 1}
         await self._emit(run, AttachmentMessage(attachment=attachment))
         return Terminal(reason="max_turns", turn_count=state.turn_count + 1)
@@ -176,7 +176,7 @@ class QueryLoopEnding(QueryLoopTurns):
         (fire and forget, as Claude Code's `void executeStopFailureHooks(lastMessage)`): they run in the
         runtime, not the session."""
         await self._surface(run, message)
-        hooks, detach = run.options.stop_failure_hooks, self.detach
+        hooks, detach = run.setup.options.stop_failure_hooks, self.detach
         if not hooks or detach is None:
             return
         agent_id, agent_type = self.agent or (None, None)
@@ -200,7 +200,7 @@ class QueryLoopEnding(QueryLoopTurns):
         early, progress.held = progress.held, None
         if early and run.consumer_open:  # the call's start, held back for an event that never came: shown now,
             for event in early:  # as its usage is billed below
-                run.sink.push(event)
+                run.setup.sink.push(event)
         streamed = progress.usage()
         if not turn.usage_recorded and streamed is not None:
             # A call cut short was billed for what its stream reported: that spend is kept.
@@ -251,9 +251,9 @@ class QueryLoopEnding(QueryLoopTurns):
         reason = terminal.reason
         errors: list[str] = []
         if reason == "max_turns":
-            errors.append(f"Reached maximum number of turns ({run.options.max_turns})")
+            errors.append(f"Reached maximum number of turns ({run.setup.options.max_turns})")
         elif reason == "max_budget_usd":
-            errors.append(budget_error(run.options.max_budget_usd, totals.query_cost_usd))
+            errors.append(budget_error(run.setup.options.max_budget_usd, totals.query_cost_usd))
         elif terminal.error:
             errors.append(terminal.error)
         if run.disk_error is not None and run.disk_error != terminal.error:  # an abort cut the wait for room
@@ -263,7 +263,7 @@ class QueryLoopEnding(QueryLoopTurns):
         result = ResultMessage(
             subtype=result_subtype(reason),
             is_error=result_is_error(reason, run.api_error_surfaced),
-            duration_ms=int((time.monotonic() - run.started) * 1000),
+            duration_ms=int((time.monotonic() - run.setup.started) * 1000),
             result=run.last_text,
             stop_reason=run.last_stop_reason,
             total_cost_usd=run.cost_usd,
@@ -278,7 +278,7 @@ class QueryLoopEnding(QueryLoopTurns):
         settled = Settled(terminal=terminal, transitions=list(run.transitions))
         if run.consumer_open:
             try:
-                run.sink.push(settled)
+                run.setup.sink.push(settled)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 run.consumer_open = False
         self._emit_now(run, result)

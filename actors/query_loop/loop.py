@@ -50,7 +50,9 @@ from queryloop.actors.query_loop.ending import unwritable_terminal
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
 from queryloop.actors.query_loop.run import (
     BudgetExceeded,
+    QuerySetup,
     Run,
+    SessionCaches,
     TranscriptUnwritable,
     Turn,
     flush_for_room,
@@ -60,7 +62,7 @@ from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
-from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo, collapse_may_stage
+from queryloop.runtime.loop.context import collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
 from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
@@ -73,10 +75,7 @@ from queryloop.runtime.loop.state import (
 )
 from queryloop.runtime.loop.structured_output import StructuredAnswer
 from queryloop.runtime.loop.transcript import (
-    CompactBoundary,
-    IncrementalNormalizer,
     build_system_prompt,
-    user_context_message,
 )
 
 if TYPE_CHECKING:
@@ -95,10 +94,6 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.tools import Tool
-
-
-_NO_CONTEXT: tuple[dict[str, str], UserMessage | None] = (EMPTY_DICT, None)
-"""`QueryLoop._context` before any user context: shared, as most sessions never have one."""
 
 
 def _system_prompt(options: QueryOptions) -> list[dict[str, Any]]:
@@ -174,16 +169,8 @@ class QueryLoop(QueryLoopContext):
         self._run: Run | None = None
         self._queued: deque[RunQuery] = deque()
         """Messages sent while a query runs, in order: taken in at its next turn boundary, or run after it."""
-        # Shared by the session's queries: a query's first request then normalises (scans for an
-        # oversized result, searches for a compact boundary) only what the conversation gained since
-        # the previous query's last one (made per query, every query of a long session would walk the
-        # whole conversation again).
-        self._normalizer = IncrementalNormalizer()
-        self._oversized_scan = OversizedResultScan()
-        self._token_count = TokenCountMemo()
-        self._boundary = CompactBoundary()
-        self._context: tuple[dict[str, str], UserMessage | None] = _NO_CONTEXT
-        """The last user context and its message, kept while queries carry the same context."""
+        self._caches = SessionCaches()
+        """Shared by the session's queries: each one's requests build on the previous one's (its docstring)."""
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RunQuery):
@@ -212,7 +199,7 @@ class QueryLoop(QueryLoopContext):
             # A broadcast aborts every helper in the same call (before any task runs): `_end_early` need not again.
             run.helpers_aborted = True
             run.abort(reason)
-            if run.waiting and run.control.abort_reason is not None and not run.control.decided:
+            if run.waiting and run.setup.control.abort_reason is not None and not run.setup.control.decided:
                 self.after_handlers(lambda: self._end_now(run))
 
     def on_stop(self) -> None:
@@ -239,14 +226,6 @@ class QueryLoop(QueryLoopContext):
     ) -> None:
         self.on_stop()
 
-    def _context_message(self, user_context: dict[str, str]) -> UserMessage | None:
-        """The user context's message: the same object while the context is the same (see `Run.context_message`)."""
-        known, made = self._context
-        if user_context != known:
-            made = user_context_message(user_context)
-            self._context = (dict(user_context), made)
-        return made
-
     def _with_mcp_tools(self, options: QueryOptions) -> list[Tool]:
         """The query's tools: its own, then its MCP servers' as listed now (which replace their namesakes)."""
         if self.mcp_tools is None:
@@ -271,30 +250,27 @@ class QueryLoop(QueryLoopContext):
         if options.output_type is not None:
             structured = StructuredAnswer(options.output_type)
             tools = [*tools, structured.tool()]
-        return Run(
+        caches = self._caches
+        setup = QuerySetup(
             options=options,
-            normalizer=self._normalizer,
-            oversized_scan=self._oversized_scan,
-            token_count=self._token_count,
-            context_message=self._context_message(options.user_context),
             sink=message.sink,
             control=message.control,
-            model=options.model,
             system=_system_prompt(options),
             tool_schemas=[t.api_schema() for t in tools],
             tools={t.name: t for t in tools},
             started=time.monotonic(),
-            context=context_config(options),
-            structured=structured,
+            context_config=context_config(options),
+            context_message=caches.context_message(options.user_context),
         )
+        return Run(setup=setup, caches=caches, model=options.model, structured=structured)
 
     async def _query(self, prompt: UserMessage) -> None:
         run = self._run
         assert run is not None
         try:
-            self.accounts.begin_query(run.options)
+            self.accounts.begin_query(run.setup.options)
             self._record(prompt)  # written first thing in `_run_loop`
-            if run.options.memory_prefetch is None:
+            if run.setup.options.memory_prefetch is None:
                 terminal, turns = await self._run_loop(run)
             else:
                 async with trio.open_nursery() as prefetch:
@@ -303,7 +279,7 @@ class QueryLoop(QueryLoopContext):
                     # Disposed on every exit path, as Claude Code's `using` does.
                     prefetch.cancel_scope.cancel()
             run.calls.close()  # no more model calls: the ModelCaller's task for this query ends when it runs
-            run.control.decided = True
+            run.setup.control.decided = True
             if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
                 if self.transcript is not None:
                     # Before the result: a consumer that saw it can rely on the file. Past the bound for a full
@@ -321,14 +297,14 @@ class QueryLoop(QueryLoopContext):
             pass
         finally:
             self._run = None
-            run.control.end()
+            run.setup.control.end()
             if run.absorbed is not None:
                 _answer_absorbed(run)
             if self._queued:
                 self._submit(self._queued.popleft())
             # The last statement: when the consumer sees the end, this work is done, and so is the
             # ModelCaller's task for the query (the stream ends when it has, if it has not yet).
-            run.calls.close(then=run.sink.close)
+            run.calls.close(then=run.setup.sink.close)
 
     async def _run_loop(self, run: Run) -> tuple[Terminal, int]:
         """The query's loop over the conversation as it is now: its end, and the turn it reached (a budget stop's
@@ -356,7 +332,7 @@ class QueryLoop(QueryLoopContext):
         while True:
             if state.transition is not None and self.transcript is not None:
                 await flush_for_room(run, self.transcript)  # a continue site: the turn that ended is made durable
-            messages_for_query = self._boundary.after(state.messages)
+            messages_for_query = self._caches.boundary.after(state.messages)
             if self._pipeline_needed(run, messages_for_query):  # sent as they are on most iterations
                 through = await self._through_pipeline(run, messages_for_query)
                 if isinstance(through, Terminal):  # aborted while compacting, or at the blocking limit
@@ -378,7 +354,7 @@ class QueryLoop(QueryLoopContext):
         prompt-too-long cascade), a refusal, a paused turn, then a response without tool use (its recoveries,
         stop hooks) or with it (the next turn)."""
         ended = turn.ended
-        if run.control.abort_reason is not None or ended is None:
+        if run.setup.control.abort_reason is not None or ended is None:
             if run.terminal is not None:  # the abort has ended the turn already, in its own call
                 return run.terminal
             return self._end_early(run, turn, abort_terminal(ended is not None, bool(turn.tool_ids)))
@@ -428,7 +404,7 @@ class QueryLoop(QueryLoopContext):
             attachments = [*await self._attachments(run)]
         if self._queued:  # messages sent while the tools ran join this turn
             attachments = [*attachments, *await self._take_in_queued(run)]
-        if max_turns_reached(state.turn_count, run.options.max_turns):
+        if max_turns_reached(state.turn_count, run.setup.options.max_turns):
             return await self._max_turns(run, state)
         state = next_turn(
             state,
@@ -436,8 +412,11 @@ class QueryLoop(QueryLoopContext):
             self._start_summary(run, turn),
         )
         run.transitions.append("next_turn")
-        if run.options.context_collapse and collapse_may_stage(state.messages, run.context.limits, run.token_count):
-            self.compactor.tell(StageCollapse(messages=state.messages, config=run.context))
+        setup = run.setup
+        if setup.options.context_collapse and collapse_may_stage(
+            state.messages, setup.context_config.limits, run.caches.token_count
+        ):
+            self.compactor.tell(StageCollapse(messages=state.messages, config=setup.context_config))
         return state
 
     async def _take_in_queued(self, run: Run) -> list[TranscriptMessage]:
@@ -468,7 +447,7 @@ def _joins(message: RunQuery, run: Run) -> bool:
     """Whether a waiting message may be taken into `run` (same options, not an interrupt, not aborted)."""
     if message.interrupt or message.control.abort_reason is not None:
         return False
-    return message.options is run.options or message.options == run.options
+    return message.options is run.setup.options or message.options == run.setup.options
 
 
 def _answer_absorbed(run: Run) -> None:

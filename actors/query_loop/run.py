@@ -1,4 +1,14 @@
-"""One query's mutable context (`Run`), one model call and its tools (`Turn`), and the pure helpers on them."""
+"""A query's context in three parts, one model call and its tools (`Turn`), and the pure helpers on them.
+
+- `QuerySetup`: what the query was configured with, fixed when it starts (`QueryLoop._new_run`) and never
+  changed while it runs: its options, its event sink and control, the system prompt, the tools and their
+  schemas, its context limits and user context message, when it started. A frozen record.
+- `SessionCaches`: what the session's queries share, made once with the QueryLoop: the incremental views
+  of the conversation (normalised messages, oversized-result scan, token count, compact boundary) and the
+  last user context's message, so that a query picks up where the one before left off.
+- `Run`: the mutable state of the one query running, with references to its `setup` and the session's
+  `caches`: the model (a fallback switches it), the turn in flight, abort and ending flags, accounting.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +22,8 @@ from queryloop.actors.compactor import ContextConfig
 from queryloop.actors.model_caller import CallEnded, CallFeed, CallProgress
 from queryloop.actors.query_loop.messages import QueryControl, RunQuery, Settled
 from queryloop.actors.tool_executor import ToolResult
-from queryloop.runtime._frozen import EMPTY_LIST, empty_list, empty_set
+from queryloop.runtime._frozen import EMPTY_DICT, EMPTY_LIST, empty_list, empty_set
+from queryloop.runtime._records import record
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo
@@ -30,7 +41,7 @@ from queryloop.runtime.loop.events import (
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import ContinueReason, Terminal
 from queryloop.runtime.loop.structured_output import StructuredAnswer
-from queryloop.runtime.loop.transcript import IncrementalNormalizer
+from queryloop.runtime.loop.transcript import CompactBoundary, IncrementalNormalizer, user_context_message
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -73,19 +84,76 @@ class Turn:
     usage_recorded: bool = False
 
 
-@dataclass(slots=True)
-class Run:
-    """One query's mutable context (Claude Code's toolUseContext): model, abort, accounting."""
+@record
+class QuerySetup:
+    """What a query was configured with: fixed when it starts, the same for every one of its turns.
+
+    The objects `sink` and `control` change state (events pass, an abort is recorded); which ones they
+    are does not. The model is not here: a fallback switches it mid-query (`Run.model`)."""
 
     options: QueryOptions
     sink: EventChannel[Any]
+    """The query's events, to its consumer."""
     control: QueryControl
-    model: str
+    """The query's abort and ending, shared with the session's handle."""
     system: list[dict[str, Any]]
     tool_schemas: list[dict[str, Any]]
     tools: dict[str, Any]
+    """The query's tools by name: its own, its MCP servers', the agent and structured-answer tools."""
     started: float
-    context: ContextConfig
+    """`time.monotonic()` when the query started: its `result`'s `duration_ms`."""
+    context_config: ContextConfig
+    context_message: UserMessage | None
+    """The user context's message (`SessionCaches.context_message`): the same object heads every request's
+    messages, so that the session's normalizer finds them unchanged."""
+
+
+_NO_CONTEXT: tuple[dict[str, str], UserMessage | None] = (EMPTY_DICT, None)
+"""`SessionCaches.user_context` before any user context: shared, as most sessions never have one."""
+
+
+class SessionCaches:
+    """What a session's queries share, one per QueryLoop: each query's first request then normalises (scans
+    for an oversized result, counts, searches for a compact boundary) only what the conversation gained since
+    the previous query's last one (made per query, every query of a long session would walk the whole
+    conversation again).
+
+    A query's user context message is its `QuerySetup`'s: fixed while it runs, though the next query may
+    carry another context. What is shared is the last context and its message (`context_message`), so that
+    queries with the same context head their requests with the same object."""
+
+    __slots__ = ("boundary", "normalizer", "oversized_scan", "token_count", "user_context")
+
+    def __init__(self) -> None:
+        self.normalizer = IncrementalNormalizer()
+        """Each request's `messages`: the previous request's, and only what is new normalised (`_request`)."""
+        self.oversized_scan = OversizedResultScan()
+        """Whether the conversation holds an oversized tool result, each message looked at once (`_prepare`)."""
+        self.token_count = TokenCountMemo()
+        """The conversation's tokens, counted once per turn for both the collapse and the pipeline checks."""
+        self.boundary = CompactBoundary()
+        """What follows the conversation's last compact boundary, searched only in what is new."""
+        self.user_context: tuple[dict[str, str], UserMessage | None] = _NO_CONTEXT
+        """The last user context and its message, kept while queries carry the same context."""
+
+    def context_message(self, user_context: dict[str, str]) -> UserMessage | None:
+        """The user context's message: the same object while the context is the same."""
+        known, made = self.user_context
+        if user_context != known:
+            made = user_context_message(user_context)
+            self.user_context = (dict(user_context), made)
+        return made
+
+
+@dataclass(slots=True)
+class Run:
+    """The mutable state of one query (Claude Code's toolUseContext): model, turn, abort, accounting; with
+    what it was configured with (`setup`) and the session's caches (`caches`)."""
+
+    setup: QuerySetup
+    caches: SessionCaches
+    model: str
+    """The model of the query's calls: its options' until a fallback switches it."""
     calls: CallFeed = field(default_factory=CallFeed)
     """The query's model calls, to the ModelCaller's one task for this query."""
     transitions: list[ContinueReason] = field(default_factory=list)
@@ -122,25 +190,13 @@ class Run:
     agent_usage: dict[str, AgentUsage] | None = None
     """What each subagent of this query spent, by agent id (`subagent.Subagents`); None: it started none."""
     structured: StructuredAnswer | None = None
-    """The query's structured answer so far, when its options have an `output_type`."""
+    """The query's structured answer so far, when its options have an `output_type`: made with the query, as
+    its tool is, but it counts the failed attempts as the query runs (state, not setup)."""
     structured_output: dict[str, Any] | None = None
     """The valid answer (its JSON form) that ended the query: the `result`'s `structured_output`."""
     hook_errors: list[str] = field(default_factory=empty_list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own
     (`add_hook_errors`; the shared empty list until the first)."""
-    oversized_scan: OversizedResultScan = field(default_factory=OversizedResultScan)
-    """Whether the conversation holds an oversized tool result, each message looked at once (`_prepare`).
-    The session's, shared by its queries (`QueryLoop`), as `normalizer` is."""
-    token_count: TokenCountMemo = field(default_factory=TokenCountMemo)
-    """The conversation's tokens, counted once per turn for both the collapse and the pipeline checks.
-    The session's, as `oversized_scan` is."""
-    normalizer: IncrementalNormalizer = field(default_factory=IncrementalNormalizer)
-    """Each request's `messages`: the previous request's, and only what is new normalised (`_request`).
-    The session's, shared by its queries (`QueryLoop`): a query's first request normalises only what
-    the conversation gained since the last request of the query before."""
-    context_message: UserMessage | None = None
-    """The user context's message, made once per context (`QueryLoop`): the same object heads every
-    request's messages, so that `normalizer` finds them unchanged."""
     absorbed: list[RunQuery] | None = None
     """Messages sent while this query ran and taken in at one of its turn boundaries (`QueryLoop`): each is
     answered by this query's `result`. None until the first (most queries take none in)."""
@@ -157,7 +213,7 @@ class Run:
 
     def abort(self, reason: AbortReason) -> None:
         """Record the abort; cancel the phase in flight, or wake the loop waiting on its turn."""
-        self.control.request_abort(reason)
+        self.setup.control.request_abort(reason)
         if self.phase is not None:
             self.phase.cancel()
         if self.turn is not None:
@@ -180,7 +236,7 @@ class Phase:
 
     def __enter__(self) -> trio.CancelScope:
         scope = self._scope
-        if self._run.control.abort_reason is not None:
+        if self._run.setup.control.abort_reason is not None:
             scope.cancel()
         self._run.phase = scope
         return scope.__enter__()
@@ -243,7 +299,7 @@ class PendingSummary:
 
 
 def task_budget_of(run: Run) -> dict[str, int] | None:
-    total = run.options.task_budget
+    total = run.setup.options.task_budget
     if total is None:
         return None
     if run.task_budget_remaining is None:

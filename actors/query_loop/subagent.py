@@ -162,7 +162,7 @@ class Subagents:
         run = self._parent._run  # noqa: SLF001 - the tool runs inside this loop's query
         if run is None:
             raise ToolError("the query that started this agent has ended")
-        options = run.options
+        options = run.setup.options
         definition = options.agents.get(args.subagent_type)
         if definition is None:
             known = ", ".join(options.agents)
@@ -187,7 +187,7 @@ class Subagents:
         self, run: Run, definition: AgentDefinition, args: AgentInput, tool_use_id: str, session_dir: Path
     ) -> str:
         parent = self._parent
-        options = child_options(run.options, definition)
+        options = child_options(run.setup.options, definition)
         group = cast("Supervisor", parent.supervisor)
         agent_id = f"{group.session_id}/{tool_use_id}"
         child = group.child(agent_id)

@@ -139,12 +139,12 @@ class QueryLoopTurns(TrioActor):
         while True:
             turn = await self._call_once(run, state, messages_for_query)
             ended = turn.ended
-            if ended is None or run.control.abort_reason is not None:
+            if ended is None or run.setup.control.abort_reason is not None:
                 return turn, messages_for_query
             refused = ended.stop_reason == "refusal"
             if not (ended.fallback or refused):
                 return turn, messages_for_query
-            fallback = run.options.fallback_model
+            fallback = run.setup.options.fallback_model
             if fallback is None or fallback == run.model:
                 if not refused:
                     turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
@@ -172,21 +172,23 @@ class QueryLoopTurns(TrioActor):
         channel: EventChannel[Any] = EventChannel(TURN_BUFFER)
         turn = Turn(channel)
         run.turn, run.turn_count = turn, state.turn_count
-        if run.control.abort_reason is not None:
+        setup = run.setup
+        control = setup.control
+        if control.abort_reason is not None:
             return turn  # aborted before the request: nothing is started
         await self._emit(run, StreamRequestStart())
-        options = run.options
+        options = setup.options
         turn_setting = begin_turn(
             sink=channel,
-            tools=run.tools,
+            tools=setup.tools,
             can_use_tool=options.can_use_tool,
             post_tool_use_hooks=options.post_tool_use_hooks,
-            control=run.control,
+            control=control,
         )
         call = start_call(
             request=self._request(run, state, messages_for_query),
             sink=channel,
-            events=run.sink,
+            events=setup.sink,
             progress=turn.progress,
             turn=turn_setting,
             max_retries=options.max_retries,
@@ -210,7 +212,6 @@ class QueryLoopTurns(TrioActor):
         # here are shielded (a slow consumer, a transcript flush) or a host budget's answer, which the
         # abort cancels too.
         items = channel.items
-        control = run.control
         while run.terminal is None and control.abort_reason is None:
             if not items:
                 run.waiting = True
@@ -231,19 +232,21 @@ class QueryLoopTurns(TrioActor):
         return turn
 
     def _request(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> ModelRequest:
-        context = run.context_message
+        setup = run.setup
+        options = setup.options
+        context = setup.context_message
         messages = messages_for_query if context is None else [context, *messages_for_query]
         return model_request(  # a record: built from parts already valid, nothing copied
             model=run.model,
-            system=run.system,
-            messages=run.normalizer.normalize(messages),  # only what is new since the last call (its docstring)
-            tools=run.tool_schemas,
-            max_tokens=state.max_output_tokens_override or run.options.max_output_tokens,
-            thinking=run.options.thinking,
+            system=setup.system,
+            messages=run.caches.normalizer.normalize(messages),  # only what is new since the last call (its docstring)
+            tools=setup.tool_schemas,
+            max_tokens=state.max_output_tokens_override or options.max_output_tokens,
+            thinking=options.thinking,
             task_budget=task_budget_of(run),
-            effort=run.options.effort,
+            effort=options.effort,
             purpose="main",
-            stream_idle_timeout_s=run.options.stream_idle_timeout_s,
+            stream_idle_timeout_s=options.stream_idle_timeout_s,
         )
 
     async def _dispatch(self, run: Run, turn: Turn, item: Any) -> None:
@@ -269,13 +272,13 @@ class QueryLoopTurns(TrioActor):
         if usage is None:
             return
         accounts = self.accounts
-        if accounts.defers(run.options):
+        if accounts.defers(run.setup.options):
             run.unsettled.append((run.model, usage))  # no cap to check: accounted once, when the query ends
             return
         try:
             status = await accounts.charge(run.model, usage)
         except WorkCancelled:  # a BudgetGuard's answer, cut by the abort
-            if run.control.abort_reason is None:
+            if run.setup.control.abort_reason is None:
                 raise
             return  # the call is recorded, the query ends aborted
         run.cost_usd = status.query_cost_usd
@@ -314,7 +317,7 @@ class QueryLoopTurns(TrioActor):
             elif kind is Forwarded:
                 if run.consumer_open:
                     try:
-                        run.sink.push(item.event)
+                        run.setup.sink.push(item.event)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         run.consumer_open = False
             else:  # progress and system messages produced before the cut
@@ -357,11 +360,11 @@ class QueryLoopTurns(TrioActor):
             self._keep(run, event, of_turn, sent)
         if run.consumer_open and not sent:
             try:
-                run.sink.send_nowait(event)
+                run.setup.sink.send_nowait(event)
             except trio.WouldBlock:
                 # A slow consumer: wait for it, shielded, so that an abort never drops an event.
                 with trio.CancelScope(shield=True):
-                    await run.sink.send(event)
+                    await run.setup.sink.send(event)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 run.consumer_open = False  # the consumer went away: that is an abort by the user
                 run.abort("user")
@@ -373,7 +376,7 @@ class QueryLoopTurns(TrioActor):
         self._keep(run, event, of_turn, sent)
         if run.consumer_open and not sent:
             try:
-                run.sink.push(event)
+                run.setup.sink.push(event)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 run.consumer_open = False
 
