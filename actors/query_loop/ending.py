@@ -16,7 +16,7 @@ import trio
 
 from queryloop.actors.budget_guard import BudgetStatus
 from queryloop.actors.query_loop.messages import Settled
-from queryloop.actors.query_loop.run import Run, Turn, add_tool_results
+from queryloop.actors.query_loop.run import QueryPhase, Run, Turn, add_tool_results
 from queryloop.actors.query_loop.turn import QueryLoopTurns
 from queryloop.runtime.kernel.actor import TrioActorRef
 from queryloop.runtime.kernel.messages import Abort
@@ -78,7 +78,7 @@ class QueryLoopEnding(QueryLoopTurns):
         and only stops the helpers and ends the stream (or sends the result, if it is left).
         """
         turn = run.turn
-        if self._run is not run or not run.waiting or run.ending or turn is None:
+        if self._run is not run or run.phase is not QueryPhase.AWAITING_TURN or turn is None:
             return
         # What reached the turn before the abort counts, as it would for the task (woken by it, it takes
         # it all before its next wait, where the cancellation lands): it decides how the turn ends.
@@ -101,7 +101,7 @@ class QueryLoopEnding(QueryLoopTurns):
 
     def _end_early(self, run: Run, turn: Turn | None, reason: Any) -> Terminal:
         """Abort or budget: stop the call and the tools, answer every tool_use, say why. Never waits."""
-        run.ending = True
+        run.begin_ending()
         interrupted = reason in ("aborted_streaming", "aborted_tools")
         text = INTERRUPTED_BY_USER if interrupted else "Stopped: the query's budget is spent"
         # Stop every helper now: a tool's result is in the turn channel as soon as it has finished, so
@@ -120,7 +120,7 @@ class QueryLoopEnding(QueryLoopTurns):
     def _end_unwritable(self, run: Run, text: str) -> Terminal:
         """The query gave up on its transcript (`run.wait_for_room`): stop what runs, answer every tool_use,
         end with the disk's error. No interruption message: no one interrupted, and it could not be written."""
-        run.ending = True
+        run.begin_ending()
         if not run.helpers_aborted:
             self._stop_workers_soon()
         turn = run.turn
@@ -130,7 +130,7 @@ class QueryLoopEnding(QueryLoopTurns):
         return unwritable_terminal(text)
 
     async def _model_error(self, run: Run, turn: Turn, error: ModelError) -> Terminal:
-        run.ending = True
+        run.begin_ending()
         if turn.pending:
             self._stop_workers_soon()  # the tools the failed response started stop now
         self._collect_remaining(run, turn, f"Error: {error.message}")
@@ -159,7 +159,7 @@ class QueryLoopEnding(QueryLoopTurns):
         API's advice is to reset the context, a conversation that carries the refused turn is refused
         again. The consumer has seen its partial output; the session's history keeps none of it.
         """
-        run.ending = True
+        run.begin_ending()
         if turn.pending:
             self._stop_workers_soon()
         self._collect_remaining(run, turn, "Error: the response was refused")
@@ -274,7 +274,7 @@ class QueryLoopEnding(QueryLoopTurns):
             usage_by_agent=run.agent_usage if run.agent_usage is not None else {},
             structured_output=run.structured_output,
         )
-        run.ending = True
+        run.begin_ending()
         settled = Settled(terminal=terminal, transitions=list(run.transitions))
         if run.consumer_open:
             try:
@@ -283,7 +283,7 @@ class QueryLoopEnding(QueryLoopTurns):
                 run.consumer_open = False
         self._emit_now(run, result)
         run.outcome = (settled, result)
-        run.outcome_sent = True
+        run.phase = QueryPhase.RESULT_SENT
 
 
 def unwritable_terminal(text: str) -> Terminal:

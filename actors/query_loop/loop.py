@@ -50,6 +50,7 @@ from queryloop.actors.query_loop.ending import unwritable_terminal
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
 from queryloop.actors.query_loop.run import (
     BudgetExceeded,
+    QueryPhase,
     QuerySetup,
     Run,
     SessionCaches,
@@ -199,7 +200,11 @@ class QueryLoop(QueryLoopContext):
             # A broadcast aborts every helper in the same call (before any task runs): `_end_early` need not again.
             run.helpers_aborted = True
             run.abort(reason)
-            if run.waiting and run.setup.control.abort_reason is not None and not run.setup.control.decided:
+            if (
+                run.phase is QueryPhase.AWAITING_TURN
+                and run.setup.control.abort_reason is not None
+                and not run.setup.control.decided
+            ):
                 self.after_handlers(lambda: self._end_now(run))
 
     def on_stop(self) -> None:
@@ -280,7 +285,7 @@ class QueryLoop(QueryLoopContext):
                     prefetch.cancel_scope.cancel()
             run.calls.close()  # no more model calls: the ModelCaller's task for this query ends when it runs
             run.setup.control.decided = True
-            if not run.outcome_sent:  # else an abort has sent it, in its own call (`_end_now`)
+            if run.phase is not QueryPhase.RESULT_SENT:  # else an abort has sent it, in its own call (`_end_now`)
                 if self.transcript is not None:
                     # Before the result: a consumer that saw it can rely on the file. Past the bound for a full
                     # disk the result is the disk's error (a success must not read as "all of it is in the file");

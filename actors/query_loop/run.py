@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +146,21 @@ class SessionCaches:
         return made
 
 
+class QueryPhase(enum.IntEnum):
+    """Where a query is in its life (`Run.phase`), in order. The ending is written by one function whoever
+    reaches it first (`QueryLoopEnding._end_early`, then `_send_outcome`): the loop's task, or, where the task is
+    suspended at its turn's wait, the abort's own call (`_end_now`); the phase says which may still act."""
+
+    RUNNING = 0
+    """The loop's task runs, or awaits a step that has a cancel scope (`PhaseScope`)."""
+    AWAITING_TURN = 1
+    """The loop's task is suspended at its turn's wait: an abort ends the query in the abort's own call."""
+    ENDING = 2
+    """The query's ending is under way: emission no longer checks the budget."""
+    RESULT_SENT = 3
+    """`Settled` and the `result` are in the query's stream."""
+
+
 @dataclass(slots=True)
 class Run:
     """The mutable state of one query (Claude Code's toolUseContext): model, turn, abort, accounting; with
@@ -165,22 +181,19 @@ class Run:
     last_text: str = ""
     last_message_id: str = ""
     api_error_surfaced: bool = False
-    phase: trio.CancelScope | None = None
-    waiting: bool = False
-    """The loop's task is suspended at its turn's wait (an abort then ends the query in its own call)."""
+    phase: QueryPhase = QueryPhase.RUNNING
+    phase_scope: trio.CancelScope | None = None
+    """The cancel scope of the step in flight that awaits code of others (`PhaseScope`), where `abort` finds it."""
     turn_count: int = 1
     autocompact_failures: int = 0
     """Autocompactions of this query that failed in a row (the Compactor's circuit breaker, per query)."""
     terminal: Terminal | None = None
     """Set when an abort ended the query's turn in the abort's own call (`QueryLoop._end_now`)."""
     settling: TrioFuture[BudgetStatus] | None = None
-    outcome_sent: bool = False
     helpers_aborted: bool = False
     """An `Abort` broadcast reached this query: the helpers' work is being cancelled already."""
     consumer_open: bool = True
     budget_exceeded: bool = False
-    ending: bool = False
-    """Set once the query is ending early: emission no longer checks the budget."""
     task_budget_remaining: int | None = None
     turn: Turn | None = None
     memory: str | None = None
@@ -211,17 +224,21 @@ class Run:
             self.hook_errors = []
         self.hook_errors.extend(texts)
 
+    def begin_ending(self) -> None:
+        """The query's ending is under way (`QueryPhase.ENDING`), unless its result is out already."""
+        self.phase = max(self.phase, QueryPhase.ENDING)
+
     def abort(self, reason: AbortReason) -> None:
-        """Record the abort; cancel the phase in flight, or wake the loop waiting on its turn."""
+        """Record the abort; cancel the step in flight, or wake the loop waiting on its turn."""
         self.setup.control.request_abort(reason)
-        if self.phase is not None:
-            self.phase.cancel()
+        if self.phase_scope is not None:
+            self.phase_scope.cancel()
         if self.turn is not None:
             self.turn.channel.wake_receiver()  # the model phase has no cancel scope: it looks at the abort
 
 
-class Phase:
-    """`QueryLoop._phase`: the scope of the phase in flight, where `Run.abort` finds it.
+class PhaseScope:
+    """The cancel scope of the step in flight (`Run.phase_scope`), where `Run.abort` finds it.
 
     For the phases that await code of others (a summary, a compaction, the stop hooks). The model
     phase, in every turn, has none: its only wait is on the turn channel, which `Run.abort` wakes
@@ -238,7 +255,7 @@ class Phase:
         scope = self._scope
         if self._run.setup.control.abort_reason is not None:
             scope.cancel()
-        self._run.phase = scope
+        self._run.phase_scope = scope
         return scope.__enter__()
 
     def __exit__(
@@ -247,7 +264,7 @@ class Phase:
         try:
             return self._scope.__exit__(exc_type, exc, tb)
         finally:
-            self._run.phase = None
+            self._run.phase_scope = None
 
 
 async def wait_for_room(
@@ -256,7 +273,7 @@ async def wait_for_room(
     """The query's write to `log` (its `flush` if `flush`) failed with `error`: try it again while the disk
     is full, with `runtime.loop.disk`'s backoff, for at most `bound_s`.
 
-    Returns once the write has succeeded, or once an abort has cut the wait (in a `Phase`: the query's
+    Returns once the write has succeeded, or once an abort has cut the wait (in a `PhaseScope`: the query's
     own cancellation; `run.disk_error` is then set and the abort ends the query as usual). Past the bound,
     or at once for an error that room will not end, raises `TranscriptUnwritable` (`run.disk_error` set):
     the query ends with an error result. Either way what was not written stays in the log's buffer, first
@@ -272,7 +289,7 @@ async def wait_for_room(
             log.write()
 
     failure: OSError | None = None
-    with Phase(run):
+    with PhaseScope(run):
         try:
             await retry_while_full(attempt, error, bound_s=bound_s)
         except OSError as failed:

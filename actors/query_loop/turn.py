@@ -25,7 +25,8 @@ from queryloop.actors.query_loop.messages import Forwarded, RunQuery
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
     BudgetExceeded,
-    Phase,
+    PhaseScope,
+    QueryPhase,
     Run,
     Turn,
     accept_result,
@@ -214,11 +215,12 @@ class QueryLoopTurns(TrioActor):
         items = channel.items
         while run.terminal is None and control.abort_reason is None:
             if not items:
-                run.waiting = True
+                run.phase = QueryPhase.AWAITING_TURN
                 try:
                     await channel.wait()  # one wakeup takes the whole burst that arrived meanwhile
                 finally:
-                    run.waiting = False
+                    if run.phase is QueryPhase.AWAITING_TURN:  # else an abort has ended the query meanwhile
+                        run.phase = QueryPhase.RUNNING
                 continue
             item = items.popleft()  # `channel.take()` written out (`EventChannel`'s note)
             if channel.waiting_senders:
@@ -284,7 +286,7 @@ class QueryLoopTurns(TrioActor):
         run.cost_usd = status.query_cost_usd
         if status.exceeded:
             run.budget_exceeded = True
-            if not run.ending:
+            if run.phase < QueryPhase.ENDING:
                 raise BudgetExceeded
 
     def _take_block(self, run: Run, turn: Turn, message: AssistantMessage) -> None:
@@ -292,7 +294,7 @@ class QueryLoopTurns(TrioActor):
         conversation take it (`_emit` with `sent`, without its coroutine)."""
         note_assistant(turn, message)
         self._keep(run, message, None, True)
-        if run.budget_exceeded and not run.ending:  # a subagent's spend reached the cap meanwhile
+        if run.budget_exceeded and run.phase < QueryPhase.ENDING:  # a subagent's spend reached the cap meanwhile
             raise BudgetExceeded
 
     def _drain_in_ending(self, run: Run, turn: Turn) -> None:
@@ -368,7 +370,7 @@ class QueryLoopTurns(TrioActor):
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 run.consumer_open = False  # the consumer went away: that is an abort by the user
                 run.abort("user")
-        if run.budget_exceeded and not run.ending:
+        if run.budget_exceeded and run.phase < QueryPhase.ENDING:
             raise BudgetExceeded
 
     def _emit_now(self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False) -> None:
@@ -414,6 +416,6 @@ class QueryLoopTurns(TrioActor):
         await self._emit(run, message)
 
     @staticmethod
-    def _phase(run: Run) -> Phase:
+    def _phase(run: Run) -> PhaseScope:
         """A cancel scope that an abort cancels; entered already cancelled if the abort came first."""
-        return Phase(run)
+        return PhaseScope(run)
