@@ -273,6 +273,8 @@ class QueryLoopEnding(QueryLoopTurns):
             stop_details=terminal.stop_details,
             usage_by_agent=run.agent_usage if run.agent_usage is not None else {},
             structured_output=run.structured_output,
+            user_message_uuid=run.setup.prompt_uuid,
+            user_message_uuids=[run.setup.prompt_uuid, *(m.prompt.uuid for m in run.absorbed or ())],
         )
         run.begin_ending()
         settled = Settled(terminal=terminal, transitions=list(run.transitions))

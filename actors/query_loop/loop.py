@@ -266,6 +266,7 @@ class QueryLoop(QueryLoopContext):
             started=time.monotonic(),
             context_config=context_config(options),
             context_message=caches.context_message(options.user_context),
+            prompt_uuid=message.prompt.uuid,
         )
         return Run(setup=setup, caches=caches, model=options.model, structured=structured)
 

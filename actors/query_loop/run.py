@@ -107,6 +107,8 @@ class QuerySetup:
     context_message: UserMessage | None
     """The user context's message (`SessionCaches.context_message`): the same object heads every request's
     messages, so that the session's normalizer finds them unchanged."""
+    prompt_uuid: str
+    """The `uuid` of the user message that started the query: its `result`'s `user_message_uuid`."""
 
 
 _NO_CONTEXT: tuple[dict[str, str], UserMessage | None] = (EMPTY_DICT, None)

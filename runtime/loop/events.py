@@ -335,6 +335,12 @@ class ResultMessage(Event):
     """Per subagent (by agent id) of this query: what it spent. `usage` and `total_cost_usd` include it."""
     structured_output: dict[str, Any] | None = None
     """The query's answer as `QueryOptions.output_type` data (its JSON form), when one was given."""
+    user_message_uuid: str | None = None
+    """The `uuid` of the user message that started the query (claude-agent-sdk's field)."""
+    user_message_uuids: list[str] = dataclasses.field(default_factory=list)
+    """The `uuid` of every user message the query took in, in order: the one that started it, then each one
+    sent while it ran and taken in at a turn boundary (`Session.query`; claude-agent-sdk's field). A message's
+    answer is the result that lists its uuid."""
 
 
 QueryEvent = Annotated[

@@ -1012,6 +1012,11 @@ async def test_a_message_sent_while_tools_run_is_taken_in_at_the_next_turn_bound
         assert taken.handle.result is ran.handle.result and taken.reason == "completed"
         conversation = await session.transcript()
         assert [m.type for m in conversation] == ["user", "assistant", "user", "attachment", "assistant"]
+        # The result lists every message it answered, as claude-agent-sdk's `user_message_uuids` does.
+        assert ran.handle.result is not None
+        assert ran.handle.result.user_message_uuid == conversation[0].uuid
+        uuids = ran.handle.result.user_message_uuids
+        assert len(uuids) == 2 and uuids[0] == conversation[0].uuid and len(set(uuids)) == 2
         assert transcript_problems(conversation) == []
         await assert_settled(ran)
 
