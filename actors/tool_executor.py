@@ -20,6 +20,10 @@ A sync tool (a plain `def`) runs in a worker thread (`Tool.run`): the same
 cancellation answers it at once and abandons its thread, whose late result is
 dropped with this work's scope and whose progress is dropped by its context.
 
+PreToolUse hooks (`runtime.loop.pre_tool_use`) run before the permission check, in this work: a deny
+answers the call with its reason, an allow skips `can_use_tool`; a hook that failed is a `hook_error`
+system message in the call's `ToolResult`, before its PostToolUse hooks' messages.
+
 PostToolUse hooks run after the tool, in this work; what they produce travels in
 the tool's own `ToolResult` (`hook_messages`), after its result and in the order it
 was produced: `hook_stopped_continuation` attachments, and a `hook_error` system
@@ -42,6 +46,7 @@ from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_m
 from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
 from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput, failure_text, hook_error_message
 from queryloop.runtime.loop.host_code import checked_hook_decision, checked_permission, input_error_text
+from queryloop.runtime.loop.pre_tool_use import PreToolUseHooks, deny_text, run_pre_tool_use
 from queryloop.runtime.loop.tools import CanUseTool, Deny, Tool, ToolContext, ToolError, ToolOutput
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
@@ -62,6 +67,8 @@ class BeginTurn(CarrierMessage):
     tools: dict[str, Tool]
     can_use_tool: CanUseTool | None = None
     post_tool_use_hooks: list[PostToolUseHook] = field(default_factory=list)
+    pre_tool_use: PreToolUseHooks | None = None
+    """The query's PreToolUse hooks, run before `can_use_tool` (None when it has none: nothing runs)."""
     control: QueryAbortFlag | None = None
     """The query's control: once an abort has reached the query, none of its tools starts any more."""
 
@@ -115,6 +122,8 @@ class _Entry:
     status: Status = "queued"
     scope: trio.CancelScope | None = None
     """The scope its work runs under, once started (`Discard` cancels it alone)."""
+    hook_errors: list[AttachmentMessage | SystemMessage] | None = None
+    """The `hook_error` events of its PreToolUse hooks that failed (None: none did, or none ran)."""
 
     @property
     def id(self) -> str:
@@ -212,25 +221,46 @@ class StreamingToolExecutor(TrioActor):
         raw_input, args = admitted
         output, is_error = await self._call(entry, tool, args, turn)
         tool_use_id = entry.id
-        if not turn.post_tool_use_hooks:
+        if not turn.post_tool_use_hooks and entry.hook_errors is None:
             message = tool_result_message(tool_use_id, output, is_error=is_error)
             return tool_result(tool_use_id=tool_use_id, message=message)
         hook_messages, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
         return ToolResult(
             tool_use_id=tool_use_id,
             message=tool_result_message(tool_use_id, output, is_error=is_error),
-            hook_messages=hook_messages,
+            hook_messages=[*(entry.hook_errors or ()), *hook_messages],  # PreToolUse's errors before PostToolUse's
             prevent_continuation=prevent,
         )
 
     async def _admitted(self, entry: _Entry, tool: Tool, turn: BeginTurn) -> tuple[dict[str, Any], Any] | ToolResult:
-        """The input the tool runs with, raw and parsed (the one `can_use_tool` gave in its stead, if it did), or
-        the error result for input refused by the tool's model or a permission denied (or whose check failed)."""
+        """The input the tool runs with, raw and parsed (the one a PreToolUse hook's allow or `can_use_tool` gave
+        in its stead, if one did), or the error result for input refused by the tool's model or a permission
+        denied (by a hook, by `can_use_tool`, or because its check failed).
+
+        As in Claude Code, the PreToolUse hooks run once the input passed the tool's model, before the
+        permission check: their deny answers the call, their allow runs it without asking `can_use_tool`,
+        and ask (defer too, here), or no decision, leaves it to `can_use_tool`."""
         name = entry.block.get("name", "")
         raw_input: dict[str, Any] = entry.block.get("input") or {}
         parsed = self._parse(entry, tool, raw_input)
         if isinstance(parsed, ToolResult):
             return parsed
+        if turn.pre_tool_use is not None:
+            verdict = await run_pre_tool_use(turn.pre_tool_use, name, entry.id, raw_input)
+            if verdict.failures:
+                entry.hook_errors = []
+                for hook, error in verdict.failures:
+                    self.log.opt(exception=error).warning("PreToolUse hook failed for {} ({})", name, entry.id)
+                    entry.hook_errors.append(
+                        hook_error_message("PreToolUse", hook, error, tool_name=name, tool_use_id=entry.id)
+                    )
+            if verdict.decision == "deny":
+                return _failed(entry, deny_text(verdict, name))
+            if verdict.decision == "allow":  # a hook's allow skips the permission check
+                if verdict.updated_input is None:
+                    return raw_input, parsed
+                parsed = self._parse(entry, tool, verdict.updated_input)
+                return parsed if isinstance(parsed, ToolResult) else (verdict.updated_input, parsed)
         if turn.can_use_tool is None:
             return raw_input, parsed
         try:
@@ -342,4 +372,9 @@ class StreamingToolExecutor(TrioActor):
 
 def _failed(entry: _Entry, message: str, *, host_error: str | None = None) -> ToolResult:
     result = tool_result_message(entry.id, tool_error(message), is_error=True)
-    return ToolResult(tool_use_id=entry.id, message=result, host_errors=(host_error,) if host_error else ())
+    return ToolResult(
+        tool_use_id=entry.id,
+        message=result,
+        hook_messages=entry.hook_errors or [],
+        host_errors=(host_error,) if host_error else (),
+    )

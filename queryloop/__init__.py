@@ -83,6 +83,18 @@ from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelPro
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.pricing import Pricing
 from queryloop.runtime.loop.restore import LoadedTranscript, load_transcript
+from queryloop.runtime.loop.sdk_hooks import (
+    BaseHookInput,
+    HookCallback,
+    HookContext,
+    HookEvent,
+    HookInput,
+    HookJSONOutput,
+    HookMatcher,
+    PreToolUseHookInput,
+    PreToolUseHookSpecificOutput,
+    SyncHookJSONOutput,
+)
 from queryloop.runtime.loop.state import ContinueReason, Terminal, TerminalReason
 from queryloop.runtime.loop.tools import Allow, CanUseTool, Deny, PermissionResult, Tool, ToolContext, ToolError, tool
 from queryloop.runtime.mcp.elicitation import McpElicitation, McpElicitationAnswer
@@ -114,6 +126,7 @@ __all__ = [
     "AnthropicModel",
     "AssistantMessage",
     "AttachmentMessage",
+    "BaseHookInput",
     "Block",
     "BlockingCallOnTrioThread",
     "BlockingQuery",
@@ -123,7 +136,13 @@ __all__ = [
     "ContinueReason",
     "Deny",
     "FallbackTriggered",
+    "HookCallback",
+    "HookContext",
     "HookDecision",
+    "HookEvent",
+    "HookInput",
+    "HookJSONOutput",
+    "HookMatcher",
     "LoadedTranscript",
     "LocalMessagesAPI",
     "McpElicitation",
@@ -140,6 +159,8 @@ __all__ = [
     "PermissionResult",
     "PostToolUseHook",
     "PostToolUseInput",
+    "PreToolUseHookInput",
+    "PreToolUseHookSpecificOutput",
     "Pricing",
     "ProgressEvent",
     "QueryEvent",
@@ -165,6 +186,7 @@ __all__ = [
     "StopHookInput",
     "StreamEvent",
     "StreamRequestStart",
+    "SyncHookJSONOutput",
     "SyncQueryView",
     "SyncSessionView",
     "SystemMessage",

@@ -31,7 +31,7 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.hooks import (
     STOP_HOOK_FEEDBACK,
-    HookEvent,
+    HookErrorSource,
     StopHookInput,
     hook_error_message,
     stop_hook_block_cap_message,
@@ -326,7 +326,7 @@ class QueryLoopContext(QueryLoopEnding):
                     decision = checked_hook_decision(await hook(hook_input))
                 except Exception as error:  # noqa: BLE001 - a failing hook is a non-blocking error, as in Claude Code
                     self.log.opt(exception=error).warning("stop hook failed")
-                    event: HookEvent = "Stop" if agent_id is None else "SubagentStop"
+                    event: HookErrorSource = "Stop" if agent_id is None else "SubagentStop"
                     await self._hook_error(run, hook_error_message(event, hook, error))
                     continue
                 if decision is None:

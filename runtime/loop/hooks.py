@@ -163,7 +163,7 @@ def failure_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
 
 
-HookEvent = Literal["Stop", "SubagentStop", "PostToolUse", "AttachmentSource", "MemoryPrefetch"]
+HookErrorSource = Literal["Stop", "SubagentStop", "PreToolUse", "PostToolUse", "AttachmentSource", "MemoryPrefetch"]
 """Which host code failed: a hook, or one of the options' other callbacks that a failure treats as one."""
 
 HOOK_ERROR = "hook_error"
@@ -171,7 +171,7 @@ HOOK_ERROR = "hook_error"
 
 
 def hook_error_message(
-    event: HookEvent,
+    event: HookErrorSource,
     hook: Callable[..., Any],
     error: Exception,
     *,
@@ -180,15 +180,15 @@ def hook_error_message(
 ) -> SystemMessage:
     """The `system` event for `hook` having raised `error`; its `content` is the text for `result.errors`.
 
-    `data`: `hook_event` (a `HookEvent`), `hook_name` (the function's `__qualname__`, or its
-    class's for a callable object), `error` (`TypeName: message`) and, for PostToolUse, `tool_name`
-    and `tool_use_id`.
+    `data`: `hook_event` (a `HookErrorSource`), `hook_name` (the function's `__qualname__`, or its
+    class's for a callable object), `error` (`TypeName: message`) and, for PreToolUse and PostToolUse,
+    `tool_name` and `tool_use_id`.
     """
     hook_name = getattr(hook, "__qualname__", None) or type(hook).__qualname__
     text = failure_text(error)
     data: dict[str, Any] = {"hook_event": event, "hook_name": hook_name, "error": text}
     where = ""
-    if event == "PostToolUse":
+    if event in ("PreToolUse", "PostToolUse"):
         data["tool_name"], data["tool_use_id"] = tool_name, tool_use_id
         where = f" for {tool_name} ({tool_use_id})"
     return SystemMessage(subtype=HOOK_ERROR, content=f"{event} hook {hook_name} failed{where}: {text}", data=data)

@@ -24,6 +24,7 @@ from queryloop.runtime.loop.model import (
     runs_on_asyncio,
 )
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
+from queryloop.runtime.loop.sdk_hooks import HookEvent, HookMatcher
 from queryloop.runtime.loop.structured_output import DEFAULT_MAX_RETRIES, STRUCTURED_OUTPUT_TOOL
 from queryloop.runtime.loop.tools import CanUseTool, Tool
 
@@ -101,6 +102,11 @@ class QueryOptions(BaseModel):
     `completed`, with a `system` event `stop_hook_block_cap` and the warning in `result.errors`.
     0: no cap. Claude Code's `CLAUDE_CODE_STOP_HOOK_BLOCK_CAP`, whose default this is."""
     post_tool_use_hooks: list[PostToolUseHook] = Field(default_factory=list)
+    hooks: dict[HookEvent, list[HookMatcher]] = Field(default_factory=dict)
+    """Hooks in the Claude Agent SDK's shape, by event (`HookMatcher`s, the SDK's `hooks=`): a callback
+    written for the SDK runs unchanged. PreToolUse runs before each tool call's `can_use_tool` (a subagent's
+    calls too): deny skips the tool, allow skips `can_use_tool`. An unknown event name is refused; the
+    events not run yet are listed in docs/hooks.md."""
     stop_failure_hooks: list[StopFailureHook] = Field(default_factory=list)
     """Told when a query (a subagent's too) ends on an API error instead of stop hooks running: a model error,
     a refusal, a cut-off or a prompt too long surfaced. Not awaited by the loop: they run in the runtime,

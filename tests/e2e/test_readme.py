@@ -30,8 +30,13 @@ ALLOWED_IMPORTS = {"queryloop", "trio", "asyncio", "pydantic", "loguru", "pathli
 
 
 def offline_env() -> dict[str, str]:
-    """This environment without any Anthropic credential or endpoint: the examples must not need them."""
-    return {key: value for key, value in os.environ.items() if not key.startswith("ANTHROPIC_")}
+    """This environment without any Anthropic credential or endpoint: the examples must not need them.
+
+    `queryloop` is this checkout's (first on the path), as it is for the tests themselves: a shared
+    environment's install may be another checkout's (a worktree's examples run against its own code)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ANTHROPIC_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
 
 
 @pytest.fixture(scope="module")

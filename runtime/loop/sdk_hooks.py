@@ -1,0 +1,136 @@
+"""Hooks in the Claude Agent SDK's own shape (`QueryOptions.hooks`): a hook written for `claude-agent-sdk`'s
+Python `hooks=` runs here unchanged, imported from `queryloop` instead.
+
+`hooks` maps an event name (`HookEvent`) to `HookMatcher`s; each matcher selects by its `matcher` (a tool
+name, a `|` list or a regular expression: `runtime.loop.hook_matching`) and holds callbacks called as the SDK
+calls them, `await callback(input_data, tool_use_id, context)`, each returning a dict (`HookJSONOutput`).
+The names and shapes mirror the SDK's `types.py`; so far only PreToolUse runs (`runtime.loop.pre_tool_use`,
+docs/hooks.md says what else is still to come).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
+
+from pydantic import WithJsonSchema
+from typing_extensions import TypeAliasType
+
+HookEvent = Literal[
+    "PreToolUse",
+    "PostToolUse",
+    "PostToolUseFailure",
+    "UserPromptSubmit",
+    "Stop",
+    "SubagentStop",
+    "PreCompact",
+    "Notification",
+    "SubagentStart",
+    "PermissionRequest",
+]
+"""The events a hook may be registered for: the names the SDK's Python `HookEvent` accepts (any other key of
+`QueryOptions.hooks` is refused). Only PreToolUse runs yet; docs/hooks.md lists the rest as "not yet"."""
+
+HOOK_TIMEOUT_S = 60.0
+"""How long a callback may run when its matcher gives no `timeout` (the SDK's and Claude Code's default)."""
+
+
+class HookContext(TypedDict):
+    """The third argument of a callback, as the SDK passes it: `signal` is reserved (always None)."""
+
+    signal: Any | None
+
+
+class BaseHookInput(TypedDict):
+    """What every hook's `input_data` holds.
+
+    `session_id` is the session's id (a subagent's hooks get its session's, as Claude Code's do);
+    `transcript_path` the session's transcript file, or `""` for a session that keeps none;
+    `cwd` the process's working directory when the hook fires; `permission_mode` is always `"default"`
+    (the runtime has no permission modes: `can_use_tool` decides)."""
+
+    session_id: str
+    transcript_path: str
+    cwd: str
+    permission_mode: str
+
+
+class PreToolUseHookInput(BaseHookInput):
+    """A PreToolUse callback's `input_data`: the call about to run, after its input passed the tool's model.
+
+    `agent_id` and `agent_type` are there only for a call made inside a subagent (its id and its name in
+    `QueryOptions.agents`), as in the SDK; absent on the session's own calls."""
+
+    hook_event_name: Literal["PreToolUse"]
+    tool_name: str
+    tool_input: dict[str, Any]
+    tool_use_id: str
+    agent_id: NotRequired[str]
+    agent_type: NotRequired[str]
+
+
+# Aliases by name (`TypeAliasType`): the SDK's names, each the public name of its own object.
+HookInput = TypeAliasType("HookInput", PreToolUseHookInput)
+"""A callback's `input_data` (the SDK's union of every event's input; one event so far)."""
+
+
+class PreToolUseHookSpecificOutput(TypedDict):
+    """`hookSpecificOutput` of a PreToolUse callback's answer.
+
+    `permissionDecision`: `"deny"` (the tool does not run; `permissionDecisionReason` is the model's error),
+    `"allow"` (it runs without asking `can_use_tool`; `updatedInput` replaces its input), `"ask"` (as
+    none: `can_use_tool` decides); `"defer"` is read as `"ask"` here. `additionalContext` is not used yet."""
+
+    hookEventName: Literal["PreToolUse"]
+    permissionDecision: NotRequired[Literal["allow", "deny", "ask", "defer"]]
+    permissionDecisionReason: NotRequired[str]
+    updatedInput: NotRequired[dict[str, Any]]
+    additionalContext: NotRequired[str]
+
+
+class SyncHookJSONOutput(TypedDict, total=False):
+    """What a callback returns (`{}`: no opinion). The SDK's fields; `continue_`, `suppressOutput`,
+    `stopReason` and `systemMessage` are accepted and not used yet. The deprecated top-level
+    `decision` counts for PreToolUse: `"block"` as a deny, `"approve"` as an allow, with `reason` as
+    the deny's text when `permissionDecisionReason` gives none."""
+
+    continue_: bool
+    suppressOutput: bool
+    stopReason: str
+    decision: Literal["block", "approve"]
+    systemMessage: str
+    reason: str
+    hookSpecificOutput: PreToolUseHookSpecificOutput
+
+
+HookJSONOutput = TypeAliasType("HookJSONOutput", SyncHookJSONOutput)
+"""A callback's answer (the SDK's also allows `{"async_": True}`, which decides nothing here)."""
+
+HookCallback = Callable[[HookInput, str | None, HookContext], Awaitable[HookJSONOutput]]
+"""`async def hook(input_data, tool_use_id, context) -> dict`, the SDK's callback signature."""
+
+
+@dataclass
+class HookMatcher:
+    """Callbacks for the calls a matcher selects, as the SDK's `HookMatcher` (same fields, same order).
+
+    `matcher`: None, `""` or `"*"` for every tool; a name or a `|` list of names (`"Write|Edit"`); anything
+    else a regular expression searched in the tool's name (`"^mcp__"`). `hooks`: the callbacks, all run in
+    parallel with those of every other matching matcher. `timeout`: seconds each of them may run (None:
+    60); one that runs longer is cancelled and reported as a hook error, as one that raises is."""
+
+    matcher: str | None = None
+    hooks: Annotated[list[HookCallback], WithJsonSchema({"type": "array", "items": {}})] = field(default_factory=list)
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        # Refused when made, not at the first tool call: trio's deadlines take no negative or NaN seconds.
+        if self.timeout is not None and not self.timeout > 0:
+            msg = f"HookMatcher.timeout must be > 0 seconds (None: {HOOK_TIMEOUT_S:g}), not {self.timeout!r}"
+            raise ValueError(msg)
+
+    @property
+    def timeout_s(self) -> float:
+        """The seconds each callback may run: `timeout`, or the 60 s default."""
+        return HOOK_TIMEOUT_S if self.timeout is None else self.timeout
