@@ -259,8 +259,7 @@ class StreamingToolExecutor(TrioActor):
             if verdict.decision == "allow":  # a hook's allow skips the permission check
                 if verdict.updated_input is None:
                     return raw_input, parsed
-                parsed = self._parse(entry, tool, verdict.updated_input)
-                return parsed if isinstance(parsed, ToolResult) else (verdict.updated_input, parsed)
+                return self._replaced(entry, tool, verdict.updated_input)
         if turn.can_use_tool is None:
             return raw_input, parsed
         try:
@@ -274,8 +273,13 @@ class StreamingToolExecutor(TrioActor):
             return _failed(entry, decision.message)
         if decision.updated_input is None:
             return raw_input, parsed
-        parsed = self._parse(entry, tool, decision.updated_input)
-        return parsed if isinstance(parsed, ToolResult) else (decision.updated_input, parsed)
+        return self._replaced(entry, tool, decision.updated_input)
+
+    def _replaced(self, entry: _Entry, tool: Tool, updated: dict[str, Any]) -> tuple[dict[str, Any], Any] | ToolResult:
+        """The input a hook's allow or `can_use_tool` gave in the model's stead, raw and parsed by the tool's
+        model (or the error result for one the model refuses)."""
+        parsed = self._parse(entry, tool, updated)
+        return parsed if isinstance(parsed, ToolResult) else (updated, parsed)
 
     async def _call(self, entry: _Entry, tool: Tool, args: Any, turn: BeginTurn) -> tuple[ToolOutput, bool]:
         """The tool's output for `args` and whether it is an error: a timeout, an exception, or an output that

@@ -63,10 +63,12 @@ from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.messages import AbortReason
+from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.context import collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
 from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
+from queryloop.runtime.loop.pre_tool_use import PreToolUseHooks
 from queryloop.runtime.loop.state import (
     COMPLETED,
     State,
@@ -94,6 +96,7 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.loop.restore import Sidechain
+    from queryloop.runtime.loop.sdk_hooks import HookMatcher
     from queryloop.runtime.loop.tools import Tool
 
 
@@ -267,8 +270,19 @@ class QueryLoop(QueryLoopContext):
             context_config=context_config(options),
             context_message=caches.context_message(options.user_context),
             prompt_uuid=message.prompt.uuid,
+            pre_tool_use=self._pre_tool_use(options.hooks.get("PreToolUse")),
         )
         return Run(setup=setup, caches=caches, model=options.model, structured=structured)
+
+    def _pre_tool_use(self, matchers: list[HookMatcher] | None) -> PreToolUseHooks | None:
+        """The query's PreToolUse hooks and where its calls run, or None without any (the executor then runs none)."""
+        if not matchers:
+            return None
+        group = self.supervisor
+        while isinstance(group, Supervisor) and group.parent is not None:
+            group = group.parent  # a subagent's hooks get its session's id, as Claude Code's do
+        path = str(self.transcript.path) if self.transcript is not None else ""
+        return PreToolUseHooks(tuple(matchers), group.session_id, path, self.agent)
 
     async def _query(self, prompt: UserMessage) -> None:
         run = self._run
@@ -407,9 +421,9 @@ class QueryLoop(QueryLoopContext):
                 return answered
         attachments: list[TranscriptMessage] = []
         if self._attachments_due(run):
-            attachments = [*await self._attachments(run)]
+            attachments.extend(await self._attachments(run))
         if self._queued:  # messages sent while the tools ran join this turn
-            attachments = [*attachments, *await self._take_in_queued(run)]
+            attachments.extend(await self._take_in_queued(run))
         if max_turns_reached(state.turn_count, run.setup.options.max_turns):
             return await self._max_turns(run, state)
         state = next_turn(

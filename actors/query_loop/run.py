@@ -40,6 +40,7 @@ from queryloop.runtime.loop.events import (
     UserMessage,
 )
 from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.pre_tool_use import PreToolUseHooks
 from queryloop.runtime.loop.state import ContinueReason, Terminal
 from queryloop.runtime.loop.structured_output import StructuredAnswer
 from queryloop.runtime.loop.transcript import CompactBoundary, IncrementalNormalizer, user_context_message
@@ -109,6 +110,8 @@ class QuerySetup:
     messages, so that the session's normalizer finds them unchanged."""
     prompt_uuid: str
     """The `uuid` of the user message that started the query: its `result`'s `user_message_uuid`."""
+    pre_tool_use: PreToolUseHooks | None
+    """The query's PreToolUse hooks and where its calls run (None without any: the executor runs none)."""
 
 
 _NO_CONTEXT: tuple[dict[str, str], UserMessage | None] = (EMPTY_DICT, None)

@@ -267,23 +267,19 @@ class Subagents:
     def _charge(self, run: Run, usage: Usage, cost: float) -> bool:
         """A child's priced call, counted as the parent query's; True when the parent's cap is reached."""
         answer = self._parent.accounts.charge_spend(usage, cost)
-        if answer.done():  # the parent's own ledger (which a grandparent's cap may fill): known now
-            exceeded = answer.get_nowait().exceeded
-        else:  # a host budget: the parent's BudgetGuard counts it and reports it to the host's
 
-            def answered(future: TrioFuture[BudgetStatus]) -> None:
-                try:
-                    status = future.get_nowait()
-                except Exception:  # noqa: BLE001 - the guard is gone: the session is closing
-                    return
-                if status.exceeded:
-                    run.budget_exceeded = True
+        def answered(future: TrioFuture[BudgetStatus]) -> None:
+            try:
+                status = future.get_nowait()
+            except Exception:  # noqa: BLE001 - the guard is gone: the session is closing
+                return
+            if status.exceeded:
+                run.budget_exceeded = True
 
-            answer.add_done_callback(answered)
-            exceeded = run.budget_exceeded
-        if exceeded:
-            run.budget_exceeded = True  # the parent stops at its next emission
-        return exceeded
+        # At once for the parent's own ledger (which a grandparent's cap may fill); under a host budget, when
+        # the parent's BudgetGuard (which reports it to the host's) answers.
+        answer.add_done_callback(answered)
+        return run.budget_exceeded  # set, the parent stops at its next emission
 
 
 async def _relay(

@@ -40,7 +40,6 @@ from queryloop.actors.tool_executor import Discard, ToolResult, begin_turn
 from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
-from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     Event,
@@ -52,7 +51,6 @@ from queryloop.runtime.loop.events import (
     Usage,
 )
 from queryloop.runtime.loop.model import ModelError, ModelProvider, ModelRequest, model_request
-from queryloop.runtime.loop.pre_tool_use import PreToolUseHooks
 from queryloop.runtime.loop.state import State
 from queryloop.runtime.loop.transcript import response_text, strip_signature_blocks
 
@@ -67,7 +65,6 @@ if TYPE_CHECKING:
     from queryloop.actors.tool_executor import StreamingToolExecutor
     from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.loop.restore import Sidechain
-    from queryloop.runtime.loop.sdk_hooks import HookMatcher
     from queryloop.runtime.loop.tools import Tool
 
 TURN_BUFFER = 256
@@ -172,16 +169,6 @@ class QueryLoopTurns(TrioActor):
                 ),
             )
 
-    def _pre_tool_use(self, matchers: list[HookMatcher] | None) -> PreToolUseHooks | None:
-        """The turn's PreToolUse hooks and where its calls run, or None without any (the executor then runs none)."""
-        if not matchers:
-            return None
-        group = self.supervisor
-        while isinstance(group, Supervisor) and group.parent is not None:
-            group = group.parent  # a subagent's hooks get its session's id, as Claude Code's do
-        path = str(self.transcript.path) if self.transcript is not None else ""
-        return PreToolUseHooks(tuple(matchers), group.session_id, path, self.agent)
-
     async def _call_once(self, run: Run, state: State, messages_for_query: list[TranscriptMessage]) -> Turn:
         channel: EventChannel[Any] = EventChannel(TURN_BUFFER)
         turn = Turn(channel)
@@ -197,7 +184,7 @@ class QueryLoopTurns(TrioActor):
             tools=setup.tools,
             can_use_tool=options.can_use_tool,
             post_tool_use_hooks=options.post_tool_use_hooks,
-            pre_tool_use=self._pre_tool_use(options.hooks.get("PreToolUse")),
+            pre_tool_use=setup.pre_tool_use,
             control=control,
         )
         call = start_call(

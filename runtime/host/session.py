@@ -230,10 +230,7 @@ class QueryHandle:
         going on to its result. On the trio thread (`BlockingQuery.abort` hands it there)."""
         control = self._control
         if self._result is None and not control.finished and control.abort_reason is None:
-            if self._session._running() is control:  # noqa: SLF001 - its own session
-                self._session.abort_nowait(reason)
-            else:  # it waits its turn: it ends aborted when its turn comes, without running
-                control.request_abort(reason)
+            self._session._abort_query(control, reason)  # noqa: SLF001 - its own session
 
     async def aclose(self) -> None:
         """Stop listening; a query still running is aborted (reason `user`)."""
@@ -263,10 +260,7 @@ class QueryHandle:
 
         def abandoned() -> None:
             if control.abort_reason is None and not control.finished:
-                if session._running() is control:  # noqa: SLF001 - its own session
-                    session.abort_nowait("user")
-                else:
-                    control.request_abort("user")
+                session._abort_query(control, "user")  # noqa: SLF001 - its own session
             events.close_receiver()
 
         try:
@@ -375,6 +369,14 @@ class Session:
         """`abort` without waiting for the actors' acks: for code that cannot await."""
         self._mark_aborted(reason)
         self.supervisor.abort_nowait(reason)
+
+    def _abort_query(self, control: QueryControl, reason: AbortReason) -> None:
+        """Abort one query without waiting: the one that runs by the session's broadcast; one that waits its
+        turn by its own control (it then ends, aborted, when its turn comes, without running)."""
+        if self._running() is control:
+            self.abort_nowait(reason)
+        else:
+            control.request_abort(reason)
 
     def _mark_aborted(self, reason: AbortReason) -> None:
         # Before the broadcast: an Abort that overtakes the RunQuery still reaches the query. Only the query

@@ -35,6 +35,21 @@ def _returned(value: object, kinds: tuple[type, ...], expected: str) -> Any:
     raise HostCodeError(msg)
 
 
+def checked_field(mapping: dict[Any, Any], key: str, kinds: type | tuple[type, ...], expected: str) -> Any:
+    """`mapping[key]` if absent (None) or one of `kinds`, else `HostCodeError` naming the key: a field of a
+    hook's JSON output."""
+    value = mapping.get(key)
+    if value is None or isinstance(value, kinds):
+        return value
+    msg = f"returned {key} {_kind(value)}, not {expected}"
+    raise HostCodeError(msg)
+
+
+def checked_hook_output(value: object) -> dict[Any, Any]:
+    """A hook's JSON output (the Agent SDK's shape): a dict, else `HostCodeError`."""
+    return cast("dict[Any, Any]", _returned(value, (dict,), "a dict (the hook's JSON output)"))
+
+
 def checked_hook_decision(value: object) -> HookDecision | None:
     """A stop or PostToolUse hook's answer: a `HookDecision` or None, else `HostCodeError`."""
     return cast("HookDecision | None", _returned(value, (HookDecision, type(None)), "a HookDecision or None"))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import trio
 
 from queryloop.runtime.loop.hook_matching import PermissionDecision, matcher_matches, strongest_decision
-from queryloop.runtime.loop.host_code import HostCodeError
+from queryloop.runtime.loop.host_code import HostCodeError, checked_field, checked_hook_output
 
 if TYPE_CHECKING:
     from queryloop.runtime.loop.sdk_hooks import HookCallback, HookContext, HookMatcher, PreToolUseHookInput
@@ -77,19 +77,6 @@ def deny_text(verdict: PreToolUseVerdict, tool_name: str) -> str:
     return verdict.reason or f"Hook PreToolUse:{tool_name} denied this tool"
 
 
-def _kind(value: object) -> str:
-    return "None" if value is None else type(value).__name__
-
-
-def _optional(mapping: dict[Any, Any], key: str, kinds: type | tuple[type, ...], expected: str) -> Any:
-    """`mapping[key]` if absent (None) or one of `kinds`, else `HostCodeError` naming the key."""
-    value = mapping.get(key)
-    if value is None or isinstance(value, kinds):
-        return value
-    msg = f"returned {key} {_kind(value)}, not {expected}"
-    raise HostCodeError(msg)
-
-
 _DECISIONS = ("allow", "deny", "ask", "defer")
 _LEGACY = {"block": "deny", "approve": "allow"}
 
@@ -98,9 +85,7 @@ def read_output(value: object) -> HookOutput:
     """What a callback's answer says, or `HostCodeError` for one that is not a hook's JSON output: not a
     dict, a decision that is not one of the values, a field of the wrong type, `hookSpecificOutput` of another
     event."""
-    if not isinstance(value, dict):
-        msg = f"returned {_kind(value)}, not a dict (the hook's JSON output)"
-        raise HostCodeError(msg)
+    value = checked_hook_output(value)
     if value.get("async_") is True or value.get("async") is True:
         return NO_OPINION  # an async hook decides nothing: Claude Code does not wait for it
     decision: Any = None
@@ -110,9 +95,9 @@ def read_output(value: object) -> HookOutput:
             msg = f"returned decision {legacy!r}, not 'block' or 'approve'"
             raise HostCodeError(msg)
         decision = _LEGACY[legacy]
-    reason = _optional(value, "reason", str, "a string")
+    reason = checked_field(value, "reason", str, "a string")
     updated_input = None
-    specific = _optional(value, "hookSpecificOutput", dict, "a dict")
+    specific = checked_field(value, "hookSpecificOutput", dict, "a dict")
     if specific is not None:
         event = specific.get("hookEventName")
         if event is not None and event != "PreToolUse":
@@ -124,8 +109,8 @@ def read_output(value: object) -> HookOutput:
                 msg = f"returned permissionDecision {permission!r}, not one of {', '.join(_DECISIONS)}"
                 raise HostCodeError(msg)
             decision = permission  # the hook-specific decision wins over the deprecated one, as in Claude Code
-        reason = _optional(specific, "permissionDecisionReason", str, "a string") or reason
-        updated_input = _optional(specific, "updatedInput", dict, "a dict")
+        reason = checked_field(specific, "permissionDecisionReason", str, "a string") or reason
+        updated_input = checked_field(specific, "updatedInput", dict, "a dict")
     return HookOutput(decision, reason, updated_input)
 
 

@@ -17,9 +17,8 @@ import pytest
 import queryloop
 from queryloop.runtime.cli import main as cli
 from queryloop.runtime.cli.scenario import load_scenario
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CHECKED = ("tests", "bench", "examples", "docs", "runtime", "actors", "queryloop", ".ci")
 TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".toml", ".json", ""}
 
