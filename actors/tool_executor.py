@@ -21,18 +21,19 @@ cancellation answers it at once and abandons its thread, whose late result is
 dropped with this work's scope and whose progress is dropped by its context.
 
 PreToolUse hooks (`runtime.loop.pre_tool_use`) run before the permission check, in this work: a deny
-answers the call with its reason, an allow skips `can_use_tool`; a hook that failed is a `hook_error`
-system message in the call's `ToolResult`, before its PostToolUse hooks' messages.
-
-PostToolUse hooks run after the tool, in this work; what they produce travels in
-the tool's own `ToolResult` (`hook_messages`), after its result and in the order it
-was produced: `hook_stopped_continuation` attachments, and a `hook_error` system
-message for a hook that raised (the other hooks run on as if it had passed).
+answers the call with its reason, an allow skips `can_use_tool`, `continue: false` answers it unrun and
+stops the query after the turn. PostToolUse hooks (or PostToolUseFailure hooks, for a call that failed:
+`runtime.loop.post_tool_use`) run after the tool, in this work. What the hooks of both produce travels in
+the call's own `ToolResult` (`hook_messages`), after its result and in the order it was produced:
+`hook_error` system messages for hooks that failed (the others count as if it had passed),
+`hook_blocking_error` and `hook_additional_context` attachments for the model, `hook_system_message` ones
+for the user, and a `hook_stopped_continuation` attachment for a hook that stopped the query.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -43,10 +44,12 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
+from queryloop.runtime.loop.event_hooks import QueryHooks, effect_messages
 from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
-from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput, failure_text, hook_error_message
-from queryloop.runtime.loop.host_code import checked_hook_decision, checked_permission, input_error_text
-from queryloop.runtime.loop.pre_tool_use import PreToolUseHooks, deny_text, run_pre_tool_use
+from queryloop.runtime.loop.hooks import HookErrorSource, failure_text, hook_error_message
+from queryloop.runtime.loop.host_code import checked_permission, input_error_text
+from queryloop.runtime.loop.post_tool_use import PostToolUseVerdict, run_post_tool_use, run_post_tool_use_failure
+from queryloop.runtime.loop.pre_tool_use import deny_text, run_pre_tool_use
 from queryloop.runtime.loop.tools import CanUseTool, Deny, Tool, ToolContext, ToolError, ToolOutput
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
@@ -66,9 +69,8 @@ class BeginTurn(CarrierMessage):
     sink: EventChannel[Any]
     tools: dict[str, Tool]
     can_use_tool: CanUseTool | None = None
-    post_tool_use_hooks: list[PostToolUseHook] = field(default_factory=list)
-    pre_tool_use: PreToolUseHooks | None = None
-    """The query's PreToolUse hooks, run before `can_use_tool` (None when it has none: nothing runs)."""
+    hooks: QueryHooks | None = None
+    """The query's hooks (PreToolUse before `can_use_tool`, PostToolUse after a call; None: it has none)."""
     control: QueryAbortFlag | None = None
     """The query's control: once an abort has reached the query, none of its tools starts any more."""
 
@@ -98,8 +100,7 @@ class ToolResult(Message):
     tool_use_id: str
     message: UserMessage
     hook_messages: list[AttachmentMessage | SystemMessage] = field(default_factory=list)
-    """What its PostToolUse hooks produced, in order: `hook_stopped_continuation` attachments and
-    `hook_error` system messages; emitted after `message`."""
+    """What its PreToolUse and PostToolUse hooks produced, in order (module docstring); emitted after `message`."""
     prevent_continuation: bool = False
     host_errors: tuple[str, ...] = ()
     """What host code failed while answering it (`can_use_tool`, an input validator): for the result's `errors`."""
@@ -122,8 +123,10 @@ class _Entry:
     status: Status = "queued"
     scope: trio.CancelScope | None = None
     """The scope its work runs under, once started (`Discard` cancels it alone)."""
-    hook_errors: list[AttachmentMessage | SystemMessage] | None = None
-    """The `hook_error` events of its PreToolUse hooks that failed (None: none did, or none ran)."""
+    hook_messages: list[AttachmentMessage | SystemMessage] | None = None
+    """What its PreToolUse hooks produced (None: nothing, or none ran)."""
+    stop: str | None = None
+    """A hook's `continue: false`: the text the query stops with after this turn."""
 
     @property
     def id(self) -> str:
@@ -219,17 +222,23 @@ class StreamingToolExecutor(TrioActor):
         if isinstance(admitted, ToolResult):
             return admitted
         raw_input, args = admitted
+        started = time.monotonic()
         output, is_error = await self._call(entry, tool, args, turn)
         tool_use_id = entry.id
-        if not turn.post_tool_use_hooks and entry.hook_errors is None:
+        hooks = turn.hooks
+        if hooks is not None and hooks.has("PostToolUseFailure" if is_error else "PostToolUse"):
+            duration_ms = int((time.monotonic() - started) * 1000)
+            output = await self._post_tool_use(
+                entry, tool, hooks, tool_input=raw_input, output=output, is_error=is_error, duration_ms=duration_ms
+            )
+        if entry.hook_messages is None and entry.stop is None:
             message = tool_result_message(tool_use_id, output, is_error=is_error)
             return tool_result(tool_use_id=tool_use_id, message=message)
-        hook_messages, prevent = await self._post_tool_use(entry, turn, raw_input, output, is_error)
         return ToolResult(
             tool_use_id=tool_use_id,
             message=tool_result_message(tool_use_id, output, is_error=is_error),
-            hook_messages=[*(entry.hook_errors or ()), *hook_messages],  # PreToolUse's errors before PostToolUse's
-            prevent_continuation=prevent,
+            hook_messages=_with_stop(entry),
+            prevent_continuation=entry.stop is not None,
         )
 
     async def _admitted(self, entry: _Entry, tool: Tool, turn: BeginTurn) -> tuple[dict[str, Any], Any] | ToolResult:
@@ -245,15 +254,14 @@ class StreamingToolExecutor(TrioActor):
         parsed = self._parse(entry, tool, raw_input)
         if isinstance(parsed, ToolResult):
             return parsed
-        if turn.pre_tool_use is not None:
-            verdict = await run_pre_tool_use(turn.pre_tool_use, name, entry.id, raw_input)
-            if verdict.failures:
-                entry.hook_errors = []
-                for hook, error in verdict.failures:
-                    self.log.opt(exception=error).warning("PreToolUse hook failed for {} ({})", name, entry.id)
-                    entry.hook_errors.append(
-                        hook_error_message("PreToolUse", hook, error, tool_name=name, tool_use_id=entry.id)
-                    )
+        if turn.hooks is not None and turn.hooks.has("PreToolUse"):
+            verdict = await run_pre_tool_use(turn.hooks, name, entry.id, raw_input)
+            self._note_failures(entry, "PreToolUse", verdict.failures)
+            added, entry.stop = effect_messages("PreToolUse", verdict.read, tool_name=name, tool_use_id=entry.id)
+            if added:
+                entry.hook_messages = [*(entry.hook_messages or ()), *added]
+            if entry.stop is not None:  # `continue: false` outranks any decision: the call does not run
+                return _failed(entry, entry.stop)
             if verdict.decision == "deny":
                 return _failed(entry, deny_text(verdict, name))
             if verdict.decision == "allow":  # a hook's allow skips the permission check
@@ -339,39 +347,91 @@ class StreamingToolExecutor(TrioActor):
         self.log.warning(f"tool {name} returned {problem}")
         return tool_error(f"Error: tool {name} returned {problem}"), True
 
-    async def _post_tool_use(
-        self, entry: _Entry, turn: BeginTurn, tool_input: dict[str, Any], output: ToolOutput, is_error: bool
-    ) -> tuple[list[AttachmentMessage | SystemMessage], bool]:
-        """Each hook in turn: a `prevent` stops the query after this turn; one that raises is reported."""
-        messages: list[AttachmentMessage | SystemMessage] = []
-        prevent = False
+    def _note_failures(
+        self, entry: _Entry, event: HookErrorSource, failures: tuple[tuple[Any, Exception], ...]
+    ) -> None:
+        """Each hook that failed, logged and kept as a `hook_error` event of the call."""
+        if not failures:
+            return
         name = entry.block.get("name", "")
-        tool = turn.tools.get(name)
-        observed = tool.observable_input(tool_input) if tool is not None else None  # backfill of observable input
+        messages = entry.hook_messages if entry.hook_messages is not None else []
+        for hook, error in failures:
+            self.log.opt(exception=error).warning("{} hook failed for {} ({})", event, name, entry.id)
+            messages.append(hook_error_message(event, hook, error, tool_name=name, tool_use_id=entry.id))
+        entry.hook_messages = messages
+
+    async def _post_tool_use(
+        self,
+        entry: _Entry,
+        tool: Tool,
+        hooks: QueryHooks,
+        *,
+        tool_input: dict[str, Any],
+        output: ToolOutput,
+        is_error: bool,
+        duration_ms: int,
+    ) -> ToolOutput:
+        """The call's PostToolUse hooks (PostToolUseFailure's for a failed one); the output the model gets."""
+        name = tool.name
+        observed = tool.observable_input(tool_input)  # the backfill of observable input, as Claude Code's
         tool_input = observed if observed is not None else tool_input
-        for hook in turn.post_tool_use_hooks:
-            try:
-                hook_input = PostToolUseInput(
-                    tool_name=name, tool_use_id=entry.id, tool_input=tool_input, result=output, is_error=is_error
-                )
-                decision = checked_hook_decision(await hook(hook_input))
-            except Exception as error:  # noqa: BLE001 - a failing hook is a non-blocking error, as in Claude Code
-                self.log.opt(exception=error).warning("PostToolUse hook failed for {}", name)
-                messages.append(hook_error_message("PostToolUse", hook, error, tool_name=name, tool_use_id=entry.id))
-                continue
-            if decision is not None and decision.prevent:
-                prevent = True
-                messages.append(
-                    AttachmentMessage(
-                        attachment={
-                            "type": "hook_stopped_continuation",
-                            "message": decision.prevent,
-                            "tool_use_id": entry.id,
-                            "tool_name": name,
-                        }
-                    )
-                )
-        return messages, prevent
+        verdict: PostToolUseVerdict
+        if is_error:
+            error = output if isinstance(output, str) else json.dumps(output)
+            error = error.removeprefix("<tool_use_error>").removesuffix("</tool_use_error>")
+            verdict = await run_post_tool_use_failure(
+                hooks, name, entry.id, tool_input=tool_input, error=error, duration_ms=duration_ms
+            )
+            event: HookErrorSource = "PostToolUseFailure"
+        else:
+            verdict = await run_post_tool_use(
+                hooks, name, entry.id, tool_input=tool_input, tool_response=output, duration_ms=duration_ms
+            )
+            event = "PostToolUse"
+        self._note_failures(entry, event, verdict.read.failures)
+        added: list[AttachmentMessage | SystemMessage] = [
+            AttachmentMessage(
+                attachment={
+                    "type": "hook_blocking_error",
+                    "content": f"{event}:{name} hook blocking error: {reason}",
+                    "hookEvent": event,
+                    "toolUseID": entry.id,
+                }
+            )
+            for reason in verdict.blocks
+        ]
+        effects, stop = effect_messages(event, verdict.read, tool_name=name, tool_use_id=entry.id)
+        added.extend(effects)
+        if added:
+            entry.hook_messages = [*(entry.hook_messages or ()), *added]
+        if stop is not None and entry.stop is None:
+            entry.stop = stop
+        if verdict.replaces_output:
+            replaced: ToolOutput = verdict.output
+            if replaced.__class__ is not str:
+                replaced, failed = self._as_json(name, replaced)
+                if failed:
+                    return output
+            return replaced
+        return output
+
+
+def _with_stop(entry: _Entry) -> list[AttachmentMessage | SystemMessage]:
+    """The call's hook messages, then the `hook_stopped_continuation` attachment of a hook that stopped the query."""
+    messages = list(entry.hook_messages or ())
+    if entry.stop is not None:
+        name = entry.block.get("name", "")
+        messages.append(
+            AttachmentMessage(
+                attachment={
+                    "type": "hook_stopped_continuation",
+                    "message": entry.stop,
+                    "tool_use_id": entry.id,
+                    "tool_name": name,
+                }
+            )
+        )
+    return messages
 
 
 def _failed(entry: _Entry, message: str, *, host_error: str | None = None) -> ToolResult:
@@ -379,6 +439,7 @@ def _failed(entry: _Entry, message: str, *, host_error: str | None = None) -> To
     return ToolResult(
         tool_use_id=entry.id,
         message=result,
-        hook_messages=entry.hook_errors or [],
+        hook_messages=_with_stop(entry),
+        prevent_continuation=entry.stop is not None,
         host_errors=(host_error,) if host_error else (),
     )

@@ -66,9 +66,10 @@ from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.context import collapse_may_stage
 from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
+from queryloop.runtime.loop.event_hooks import QueryHooks
 from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
-from queryloop.runtime.loop.pre_tool_use import PreToolUseHooks
+from queryloop.runtime.loop.post_tool_use import legacy_matcher
 from queryloop.runtime.loop.state import (
     COMPLETED,
     State,
@@ -96,7 +97,6 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.loop.restore import Sidechain
-    from queryloop.runtime.loop.sdk_hooks import HookMatcher
     from queryloop.runtime.loop.tools import Tool
 
 
@@ -270,19 +270,22 @@ class QueryLoop(QueryLoopContext):
             context_config=context_config(options),
             context_message=caches.context_message(options.user_context),
             prompt_uuid=message.prompt.uuid,
-            pre_tool_use=self._pre_tool_use(options.hooks.get("PreToolUse")),
+            hooks=self._hooks(options),
         )
         return Run(setup=setup, caches=caches, model=options.model, structured=structured)
 
-    def _pre_tool_use(self, matchers: list[HookMatcher] | None) -> PreToolUseHooks | None:
-        """The query's PreToolUse hooks and where its calls run, or None without any (the executor then runs none)."""
-        if not matchers:
+    def _hooks(self, options: QueryOptions) -> QueryHooks | None:
+        """The query's hooks and where it runs, or None without any (then no event runs any)."""
+        if not options.hooks and not options.post_tool_use_hooks:
             return None
         group = self.supervisor
         while isinstance(group, Supervisor) and group.parent is not None:
             group = group.parent  # a subagent's hooks get its session's id, as Claude Code's do
         path = str(self.transcript.path) if self.transcript is not None else ""
-        return PreToolUseHooks(tuple(matchers), group.session_id, path, self.agent)
+        matchers = {event: tuple(listed) for event, listed in options.hooks.items() if listed}
+        if options.post_tool_use_hooks:  # the older form, run as PostToolUse callbacks
+            matchers["PostToolUse"] = (*matchers.get("PostToolUse", ()), legacy_matcher(options.post_tool_use_hooks))
+        return QueryHooks(matchers, group.session_id, path, self.agent)
 
     async def _query(self, prompt: UserMessage) -> None:
         run = self._run

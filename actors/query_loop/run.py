@@ -29,6 +29,7 @@ from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo
 from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, disk_error_text, retry_while_full
+from queryloop.runtime.loop.event_hooks import QueryHooks
 from queryloop.runtime.loop.events import (
     AgentUsage,
     AssistantMessage,
@@ -40,7 +41,6 @@ from queryloop.runtime.loop.events import (
     UserMessage,
 )
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.pre_tool_use import PreToolUseHooks
 from queryloop.runtime.loop.state import ContinueReason, Terminal
 from queryloop.runtime.loop.structured_output import StructuredAnswer
 from queryloop.runtime.loop.transcript import CompactBoundary, IncrementalNormalizer, user_context_message
@@ -110,7 +110,7 @@ class QuerySetup:
     messages, so that the session's normalizer finds them unchanged."""
     prompt_uuid: str
     """The `uuid` of the user message that started the query: its `result`'s `user_message_uuid`."""
-    pre_tool_use: PreToolUseHooks | None
+    hooks: QueryHooks | None
     """The query's PreToolUse hooks and where its calls run (None without any: the executor runs none)."""
 
 

@@ -183,8 +183,7 @@ class QueryLoopTurns(TrioActor):
             sink=channel,
             tools=setup.tools,
             can_use_tool=options.can_use_tool,
-            post_tool_use_hooks=options.post_tool_use_hooks,
-            pre_tool_use=setup.pre_tool_use,
+            hooks=setup.hooks,
             control=control,
         )
         call = start_call(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS, AgentDefiniti
 from queryloop.runtime.loop.events import ResultMessage
 from queryloop.runtime.loop.model import runs_on_asyncio
 from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.sdk_hooks import HookMatcher
 from queryloop.runtime.loop.tools import Tool
 
 if TYPE_CHECKING:
@@ -66,6 +68,7 @@ _HOSTED_FIELDS = (
     "stop_hooks",
     "subagent_stop_hooks",
     "post_tool_use_hooks",
+    "hooks",
     "stop_failure_hooks",
     "memory_prefetch",
     "attachment_sources",
@@ -248,7 +251,9 @@ class AsyncioRuntime:
         copy)."""
         hosted: dict[str, Any] = {}
         for name, value in fields.items():
-            if isinstance(value, dict):  # `agents`: each definition, by name
+            if name == "hooks" and isinstance(value, dict):  # each event's matchers, their callbacks hosted
+                hosted[name] = {event: self._hosted_matchers(listed) for event, listed in value.items()}
+            elif isinstance(value, dict):  # `agents`: each definition, by name
                 by_key = {key: self._stand_in(name, item) for key, item in value.items()}
                 hosted[name] = value if all(by_key[key] is item for key, item in value.items()) else by_key
             elif isinstance(value, list):
@@ -278,7 +283,7 @@ class AsyncioRuntime:
             if not callable(getattr(original, "collect", None)):
                 return original
             make = functools.partial(HostAttachmentSource, self._bridge, original)
-        else:  # can_use_tool, memory_prefetch, a stop or PostToolUse hook
+        else:  # can_use_tool, memory_prefetch, a hook
             if not callable(original):
                 return original
             make = functools.partial(host_callback, self._bridge, original)
@@ -288,6 +293,18 @@ class AsyncioRuntime:
         hosted = make()
         self._stand_ins[id(original)] = (original, hosted)
         return hosted
+
+    def _hosted_matchers(self, matchers: Any) -> Any:
+        """An event's `HookMatcher`s with each callback run on this loop (a value that is not a list of
+        matchers is left for `QueryOptions`' validation to report)."""
+        if not isinstance(matchers, list):
+            return matchers
+        return [
+            dataclasses.replace(m, hooks=[self._stand_in("hooks", callback) for callback in m.hooks])
+            if isinstance(m, HookMatcher) and isinstance(m.hooks, list)
+            else m
+            for m in matchers
+        ]
 
     def _hosted_agent(self, agent: AgentDefinition) -> AgentDefinition:
         return agent.model_copy(update={"provider": self._stand_in("provider", agent.provider)})

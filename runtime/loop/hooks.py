@@ -163,7 +163,23 @@ def failure_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
 
 
-HookErrorSource = Literal["Stop", "SubagentStop", "PreToolUse", "PostToolUse", "AttachmentSource", "MemoryPrefetch"]
+HookErrorSource = Literal[
+    "Stop",
+    "SubagentStop",
+    "PreToolUse",
+    "PostToolUse",
+    "PostToolUseFailure",
+    "UserPromptSubmit",
+    "SubagentStart",
+    "PreCompact",
+    "PostCompact",
+    "Notification",
+    "PermissionRequest",
+    "SessionStart",
+    "SessionEnd",
+    "AttachmentSource",
+    "MemoryPrefetch",
+]
 """Which host code failed: a hook, or one of the options' other callbacks that a failure treats as one."""
 
 HOOK_ERROR = "hook_error"
@@ -188,7 +204,7 @@ def hook_error_message(
     text = failure_text(error)
     data: dict[str, Any] = {"hook_event": event, "hook_name": hook_name, "error": text}
     where = ""
-    if event in ("PreToolUse", "PostToolUse"):
+    if tool_name is not None:
         data["tool_name"], data["tool_use_id"] = tool_name, tool_use_id
         where = f" for {tool_name} ({tool_use_id})"
     return SystemMessage(subtype=HOOK_ERROR, content=f"{event} hook {hook_name} failed{where}: {text}", data=data)

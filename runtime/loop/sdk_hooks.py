@@ -4,8 +4,8 @@ Python `hooks=` runs here unchanged, imported from `queryloop` instead.
 `hooks` maps an event name (`HookEvent`) to `HookMatcher`s; each matcher selects by its `matcher` (a tool
 name, a `|` list or a regular expression: `runtime.loop.hook_matching`) and holds callbacks called as the SDK
 calls them, `await callback(input_data, tool_use_id, context)`, each returning a dict (`HookJSONOutput`).
-The names and shapes mirror the SDK's `types.py`; so far only PreToolUse runs (`runtime.loop.pre_tool_use`,
-docs/hooks.md says what else is still to come).
+The names and shapes mirror the SDK's `types.py`; PreToolUse, PostToolUse and PostToolUseFailure run
+(`runtime.loop.pre_tool_use`, `runtime.loop.post_tool_use`; docs/hooks.md says what else is still to come).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ HookEvent = Literal[
     "PermissionRequest",
 ]
 """The events a hook may be registered for: the names the SDK's Python `HookEvent` accepts (any other key of
-`QueryOptions.hooks` is refused). Only PreToolUse runs yet; docs/hooks.md lists the rest as "not yet"."""
+`QueryOptions.hooks` is refused). Which run yet: docs/hooks.md."""
 
 HOOK_TIMEOUT_S = 60.0
 """How long a callback may run when its matcher gives no `timeout` (the SDK's and Claude Code's default)."""
@@ -70,9 +70,38 @@ class PreToolUseHookInput(BaseHookInput):
     agent_type: NotRequired[str]
 
 
+class PostToolUseHookInput(BaseHookInput):
+    """A PostToolUse callback's `input_data`: a call that ran and succeeded, its output (`tool_response`, what
+    the model gets: a string or a list of content blocks) and how long it ran (`duration_ms`, hooks and the
+    permission check excluded)."""
+
+    hook_event_name: Literal["PostToolUse"]
+    tool_name: str
+    tool_input: dict[str, Any]
+    tool_response: Any
+    tool_use_id: str
+    duration_ms: NotRequired[int]
+    agent_id: NotRequired[str]
+    agent_type: NotRequired[str]
+
+
+class PostToolUseFailureHookInput(BaseHookInput):
+    """A PostToolUseFailure callback's `input_data`: a call that ran and failed (`error`: its error text)."""
+
+    hook_event_name: Literal["PostToolUseFailure"]
+    tool_name: str
+    tool_input: dict[str, Any]
+    tool_use_id: str
+    error: str
+    is_interrupt: NotRequired[bool]
+    duration_ms: NotRequired[int]
+    agent_id: NotRequired[str]
+    agent_type: NotRequired[str]
+
+
 # Aliases by name (`TypeAliasType`): the SDK's names, each the public name of its own object.
-HookInput = TypeAliasType("HookInput", PreToolUseHookInput)
-"""A callback's `input_data` (the SDK's union of every event's input; one event so far)."""
+HookInput = TypeAliasType("HookInput", PreToolUseHookInput | PostToolUseHookInput | PostToolUseFailureHookInput)
+"""A callback's `input_data` (the SDK's union of every event's input: the events that run so far)."""
 
 
 class PreToolUseHookSpecificOutput(TypedDict):
@@ -89,11 +118,38 @@ class PreToolUseHookSpecificOutput(TypedDict):
     additionalContext: NotRequired[str]
 
 
+class PostToolUseHookSpecificOutput(TypedDict):
+    """`hookSpecificOutput` of a PostToolUse callback's answer: `additionalContext` for the model,
+    `updatedToolOutput` in place of the call's output (a string or a list of content blocks), and
+    `updatedMCPToolOutput`, the same for an MCP tool's call only."""
+
+    hookEventName: Literal["PostToolUse"]
+    additionalContext: NotRequired[str]
+    updatedToolOutput: NotRequired[Any]
+    updatedMCPToolOutput: NotRequired[Any]
+
+
+class PostToolUseFailureHookSpecificOutput(TypedDict):
+    """`hookSpecificOutput` of a PostToolUseFailure callback's answer."""
+
+    hookEventName: Literal["PostToolUseFailure"]
+    additionalContext: NotRequired[str]
+
+
+HookSpecificOutput = TypeAliasType(
+    "HookSpecificOutput",
+    PreToolUseHookSpecificOutput | PostToolUseHookSpecificOutput | PostToolUseFailureHookSpecificOutput,
+)
+"""`hookSpecificOutput`, by event."""
+
+
 class SyncHookJSONOutput(TypedDict, total=False):
-    """What a callback returns (`{}`: no opinion). The SDK's fields; `continue_`, `suppressOutput`,
-    `stopReason` and `systemMessage` are accepted and not used yet. The deprecated top-level
-    `decision` counts for PreToolUse: `"block"` as a deny, `"approve"` as an allow, with `reason` as
-    the deny's text when `permissionDecisionReason` gives none."""
+    """What a callback returns (`{}`: no opinion). The SDK's fields: `continue_` (`continue` is read too)
+    `False` stops the query, `stopReason` saying why; `systemMessage` is a warning for the user;
+    `suppressOutput` is accepted and changes nothing, as in Claude Code. `decision: "block"` with `reason`
+    blocks what the event decides (PostToolUse: the reason goes to the model); for PreToolUse the
+    deprecated `decision` counts as `"block"`: deny, `"approve"`: allow, with `reason` as the deny's text
+    when `permissionDecisionReason` gives none."""
 
     continue_: bool
     suppressOutput: bool
@@ -101,7 +157,7 @@ class SyncHookJSONOutput(TypedDict, total=False):
     decision: Literal["block", "approve"]
     systemMessage: str
     reason: str
-    hookSpecificOutput: PreToolUseHookSpecificOutput
+    hookSpecificOutput: HookSpecificOutput
 
 
 HookJSONOutput = TypeAliasType("HookJSONOutput", SyncHookJSONOutput)

@@ -33,7 +33,9 @@ INTERRUPTED_BY_USER = "Interrupted by user"
 INTERRUPT_MESSAGE = "[Request interrupted by user]"
 INTERRUPT_MESSAGE_FOR_TOOL_USE = "[Request interrupted by user for tool use]"
 
-MODEL_VISIBLE_ATTACHMENTS = frozenset({"file_changed", "queued_message", "memory", "text"})
+MODEL_VISIBLE_ATTACHMENTS = frozenset(
+    {"file_changed", "queued_message", "memory", "text", "hook_additional_context", "hook_blocking_error"}
+)
 """Attachment types whose `content` the model sees (as a system reminder or, for queued messages, as is)."""
 
 

@@ -27,7 +27,7 @@ from queryloop import (
     ToolContext,
     tool,
 )
-from queryloop.runtime.loop.events import SystemMessage
+from queryloop.runtime.loop.events import AttachmentMessage, SystemMessage
 from tests.agent_helpers import ByPrompt, agent_call
 from tests.helpers import (
     Ran,
@@ -322,18 +322,34 @@ async def test_the_deprecated_decision_block_denies_with_its_reason_and_approve_
     assert ran.tool_results()["t1"]["content"] == "wrote"
 
 
-async def test_fields_not_used_yet_are_accepted_and_change_nothing() -> None:
+async def test_continue_false_keeps_the_call_from_running_and_stops_the_query_with_its_stop_reason() -> None:
+    async def halts(input_data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
+        return {"continue_": False, "stopReason": "release freeze", **decides("allow")}
+
+    log = ToolLog()
+    ran = await run_write(pre(HookMatcher(hooks=[halts])), log=log)
+    assert log.order == []  # `continue: false` outranks the allow
+    assert ran.tool_results()["t1"]["content"] == "<tool_use_error>release freeze</tool_use_error>"
+    stopped = [e.attachment for e in ran.events if isinstance(e, AttachmentMessage)]
+    assert [a["message"] for a in stopped if a["type"] == "hook_stopped_continuation"] == ["release freeze"]
+    assert ran.reason == "hook_stopped" and len(ran.model.requests) == 1  # no further model call
+
+
+async def test_additional_context_reaches_the_model_and_a_system_message_only_the_user() -> None:
     async def chatty(input_data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
         return {
-            "continue_": False,
-            "stopReason": "later",
             "systemMessage": "hello user",
             "suppressOutput": True,
-            "hookSpecificOutput": {"hookEventName": "PreToolUse", "additionalContext": "more"},
+            "hookSpecificOutput": {"hookEventName": "PreToolUse", "additionalContext": "the repo is frozen"},
         }
 
     ran = await run_write(pre(HookMatcher(hooks=[chatty])))
     assert ran.tool_results()["t1"]["content"] == "wrote" and hook_errors(ran) == []
+    kinds = [e.attachment["type"] for e in ran.events if isinstance(e, AttachmentMessage)]
+    assert kinds == ["hook_additional_context", "hook_system_message"]
+    sent = str(ran.model.requests[1].messages)
+    assert "PreToolUse:write hook additional context: the repo is frozen" in sent
+    assert "hello user" not in sent
 
 
 async def test_a_hook_gets_the_sdks_arguments() -> None:

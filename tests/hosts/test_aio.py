@@ -17,7 +17,11 @@ from queryloop import (
     AgentDefinition,
     Allow,
     Deny,
+    HookContext,
     HookDecision,
+    HookInput,
+    HookJSONOutput,
+    HookMatcher,
     PostToolUseInput,
     QueryloopError,
     QueryOptions,
@@ -354,6 +358,10 @@ def test_the_hosts_permission_prompt_and_hooks_run_on_its_asyncio_loop(mode: Mod
             note("post_tool_use")
             return None
 
+        async def pre(input_data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
+            note("pre_tool_use")
+            return {}
+
         async def check(hook: StopHookInput) -> HookDecision | None:
             note("stop")
             return None
@@ -382,6 +390,7 @@ def test_the_hosts_permission_prompt_and_hooks_run_on_its_asyncio_loop(mode: Mod
             tools=[tool(name="echo")(echo)],
             can_use_tool=ask_the_user,
             post_tool_use_hooks=[audit],
+            hooks={"PreToolUse": [HookMatcher(hooks=[pre])]},
             stop_hooks=[check, broken_check],
             memory_prefetch=recall,
             attachment_sources=[Inbox()],
@@ -396,6 +405,7 @@ def test_the_hosts_permission_prompt_and_hooks_run_on_its_asyncio_loop(mode: Mod
         assert result.subtype == "success" and result.result == "done"
         assert {what for what, _, _ in ran} == {
             "can_use_tool",
+            "pre_tool_use",
             "post_tool_use",
             "stop",
             "memory_prefetch",
