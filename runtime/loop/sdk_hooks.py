@@ -171,8 +171,8 @@ HookCallback = Callable[[HookInput, str | None, HookContext], Awaitable[HookJSON
 class HookMatcher:
     """Callbacks for the calls a matcher selects, as the SDK's `HookMatcher` (same fields, same order).
 
-    `matcher`: None, `""` or `"*"` for every tool; a name or a `|` list of names (`"Write|Edit"`); anything
-    else a regular expression searched in the tool's name (`"^mcp__"`). `hooks`: the callbacks, all run in
+    `matcher`: None, `""` or `"*"` for every tool; a name or a `|` or `,` list of names (`"Write|Edit"`);
+    anything else a regular expression searched in the tool's name (`"^mcp__"`). `hooks`: the callbacks, all run in
     parallel with those of every other matching matcher. `timeout`: seconds each of them may run (None:
     60); one that runs longer is cancelled and reported as a hook error, as one that raises is."""
 

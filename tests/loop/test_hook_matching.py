@@ -25,6 +25,18 @@ def test_a_pipe_list_matches_each_name_exactly() -> None:
     assert not matcher_matches("Write|Edit", "NotebookEdit")
 
 
+def test_a_comma_list_with_spaces_matches_each_name_exactly() -> None:
+    assert matcher_matches("Write, Edit", "Edit") and matcher_matches("Write,Edit", "Write")
+    assert matcher_matches("Write | Edit", "Edit")
+    assert not matcher_matches("Write, Edit", "NotebookEdit")
+
+
+def test_a_name_with_hyphens_is_exact_not_a_regular_expression() -> None:
+    assert matcher_matches("mcp__my-server__search", "mcp__my-server__search")
+    assert not matcher_matches("mcp__my-server__search", "mcp__my-server__search_all")
+    assert not matcher_matches("my-server", "mcp__my-server__search")  # exact: not searched in the name
+
+
 def test_an_mcp_server_prefix_alone_matches_no_tool_of_that_server() -> None:
     assert not matcher_matches("mcp__memory", "mcp__memory__store")
     assert matcher_matches("mcp__memory__.*", "mcp__memory__store")
