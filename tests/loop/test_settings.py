@@ -198,7 +198,7 @@ async def test_a_loaded_command_hook_runs_in_the_working_folder(folders: tuple[P
     cwd, _ = folders
     write(cwd / ".claude" / "settings.json", hook('cat >/dev/null; echo "$(pwd)" >&2; exit 2'))
     callback = load(folders).hooks["PreToolUse"][0].hooks[0]
-    output = await callback({"hook_event_name": "PreToolUse"}, "t1", {"signal": None})  # type: ignore[typeddict-item]
+    output = await callback({"hook_event_name": "PreToolUse"}, "t1", {"signal": None})  # type: ignore[arg-type]
     assert output["hookSpecificOutput"].get("permissionDecisionReason") == str(cwd)
 
 
