@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import trio
 from pydantic import ValidationError
@@ -44,14 +44,18 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
+from queryloop.runtime.loop.control import PermissionAsker, Permissions, ToolPermissionContext
 from queryloop.runtime.loop.event_hooks import QueryHooks, effect_messages
 from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
 from queryloop.runtime.loop.hooks import HookErrorSource, failure_text, hook_error_message
 from queryloop.runtime.loop.host_code import checked_permission, input_error_text
 from queryloop.runtime.loop.post_tool_use import PostToolUseVerdict, run_post_tool_use, run_post_tool_use_failure
 from queryloop.runtime.loop.pre_tool_use import deny_text, run_pre_tool_use
-from queryloop.runtime.loop.tools import CanUseTool, Deny, Tool, ToolContext, ToolError, ToolOutput
+from queryloop.runtime.loop.tools import Deny, Tool, ToolContext, ToolError, ToolOutput
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
+
+if TYPE_CHECKING:
+    from queryloop.runtime.loop.hook_matching import PermissionDecision
 
 
 class QueryAbortFlag(Protocol):
@@ -68,7 +72,12 @@ class BeginTurn(CarrierMessage):
 
     sink: EventChannel[Any]
     tools: dict[str, Tool]
-    can_use_tool: CanUseTool | None = None
+    can_use_tool: PermissionAsker | None = None
+    """`can_use_tool`, called with the SDK's context (`permission_asker`)."""
+    permissions: Permissions | None = None
+    """The session's permission rules and mode (None: no rule, no mode and no `can_use_tool` decides anything)."""
+    agent_id: str | None = None
+    """The subagent whose calls these are (its `can_use_tool` context says so); None for the session's own."""
     hooks: QueryHooks | None = None
     """The query's hooks (PreToolUse before `can_use_tool`, PostToolUse after a call; None: it has none)."""
     control: QueryAbortFlag | None = None
@@ -104,6 +113,11 @@ class ToolResult(Message):
     prevent_continuation: bool = False
     host_errors: tuple[str, ...] = ()
     """What host code failed while answering it (`can_use_tool`, an input validator): for the result's `errors`."""
+    denial: dict[str, Any] | None = None
+    """A denied permission (by a hook, a rule, the mode or `can_use_tool`): the result's `permission_denials` entry
+    (`tool_name`, `tool_use_id`, `tool_input`)."""
+    interrupt: bool = False
+    """`can_use_tool` denied it with `interrupt`: the query ends as a user's interrupt ends it."""
 
 
 begin_turn = keyword_maker(BeginTurn)
@@ -127,6 +141,8 @@ class _Entry:
     """What its PreToolUse hooks produced (None: nothing, or none ran)."""
     stop: str | None = None
     """A hook's `continue: false`: the text the query stops with after this turn."""
+    host_error: str | None = None
+    """Host code that failed without deciding the call (an `updated_permissions` not applied)."""
 
     @property
     def id(self) -> str:
@@ -231,7 +247,7 @@ class StreamingToolExecutor(TrioActor):
             output = await self._post_tool_use(
                 entry, tool, hooks, tool_input=raw_input, output=output, is_error=is_error, duration_ms=duration_ms
             )
-        if entry.hook_messages is None and entry.stop is None:
+        if entry.hook_messages is None and entry.stop is None and entry.host_error is None:
             message = tool_result_message(tool_use_id, output, is_error=is_error)
             return tool_result(tool_use_id=tool_use_id, message=message)
         return ToolResult(
@@ -239,21 +255,24 @@ class StreamingToolExecutor(TrioActor):
             message=tool_result_message(tool_use_id, output, is_error=is_error),
             hook_messages=_with_stop(entry),
             prevent_continuation=entry.stop is not None,
+            host_errors=(entry.host_error,) if entry.host_error else (),
         )
 
     async def _admitted(self, entry: _Entry, tool: Tool, turn: BeginTurn) -> tuple[dict[str, Any], Any] | ToolResult:
         """The input the tool runs with, raw and parsed (the one a PreToolUse hook's allow or `can_use_tool` gave
         in its stead, if one did), or the error result for input refused by the tool's model or a permission
-        denied (by a hook, by `can_use_tool`, or because its check failed).
+        denied (by a hook, a rule, the mode, `can_use_tool`, or because its check failed).
 
-        As in Claude Code, the PreToolUse hooks run once the input passed the tool's model, before the
-        permission check: their deny answers the call, their allow runs it without asking `can_use_tool`,
-        and ask (defer too, here), or no decision, leaves it to `can_use_tool`."""
+        As in Claude Code: the PreToolUse hooks run once the input passed the tool's model; then the
+        permission rules and the mode decide (`Permissions.decide`: a hook's deny denies, its allow does not
+        pass deny or ask rules); `can_use_tool` is asked only what is left undecided."""
         name = entry.block.get("name", "")
         raw_input: dict[str, Any] = entry.block.get("input") or {}
         parsed = self._parse(entry, tool, raw_input)
         if isinstance(parsed, ToolResult):
             return parsed
+        hook_decision: PermissionDecision | None = None
+        hook_reason = None
         if turn.hooks is not None and turn.hooks.has("PreToolUse"):
             verdict = await run_pre_tool_use(turn.hooks, name, entry.id, raw_input)
             self._note_failures(entry, "PreToolUse", verdict.failures)
@@ -263,22 +282,50 @@ class StreamingToolExecutor(TrioActor):
             if entry.stop is not None:  # `continue: false` outranks any decision: the call does not run
                 return _failed(entry, entry.stop)
             if verdict.decision == "deny":
-                return _failed(entry, deny_text(verdict, name))
-            if verdict.decision == "allow":  # a hook's allow skips the permission check
-                if verdict.updated_input is None:
-                    return raw_input, parsed
-                return self._replaced(entry, tool, verdict.updated_input)
-        if turn.can_use_tool is None:
+                return _denied(entry, deny_text(verdict, name), raw_input)
+            hook_decision, hook_reason = verdict.decision, verdict.reason
+            if verdict.decision == "allow" and verdict.updated_input is not None:
+                replaced = self._replaced(entry, tool, verdict.updated_input)
+                if isinstance(replaced, ToolResult):
+                    return replaced
+                raw_input, parsed = replaced
+        permissions = turn.permissions
+        if permissions is None:  # no rules, no mode, no `can_use_tool`: only a hook could have said no
             return raw_input, parsed
+        decided = permissions.decide(name, raw_input, hook_decision, hook_reason)
+        if decided.behavior == "allow":
+            return raw_input, parsed
+        if decided.behavior == "deny":
+            return _denied(entry, decided.reason, raw_input)
+        if turn.can_use_tool is None:  # nothing to ask: what nothing decided runs, what something asks is refused
+            if decided.undecided:
+                return raw_input, parsed
+            return _denied(entry, f"{decided.reason} There is no can_use_tool to ask.", raw_input)
+        return await self._ask(entry, tool, turn, (raw_input, parsed), decided.reason)
+
+    async def _ask(
+        self, entry: _Entry, tool: Tool, turn: BeginTurn, admitted: tuple[dict[str, Any], Any], reason: str | None
+    ) -> tuple[dict[str, Any], Any] | ToolResult:
+        """`can_use_tool`'s answer for the call (with the SDK's context), or the error result of a deny."""
+        name, (raw_input, parsed) = tool.name, admitted
+        assert turn.can_use_tool is not None
+        context = ToolPermissionContext(tool_use_id=entry.id, agent_id=turn.agent_id, decision_reason=reason)
         try:
-            decision = checked_permission(await turn.can_use_tool(name, raw_input))
+            decision = checked_permission(await turn.can_use_tool(name, raw_input, context))
         except Exception as error:  # noqa: BLE001 - the host's callback: an error result, never a dead session
             # Never taken as an allow: the tool does not run, and the result's `errors` names why.
             self.log.opt(exception=error).warning("can_use_tool failed for {} ({})", name, entry.id)
             text = f"can_use_tool failed for {name} ({entry.id}): {failure_text(error)}"
             return _failed(entry, f"Error: permission check failed: {failure_text(error)}", host_error=text)
         if isinstance(decision, Deny):
-            return _failed(entry, decision.message)
+            message = decision.message or f"Permission to use {name} has been denied."
+            return _denied(entry, message, raw_input, interrupt=decision.interrupt)
+        if decision.updated_permissions and turn.permissions is not None:
+            try:
+                turn.permissions.apply(decision.updated_permissions)
+            except (TypeError, ValueError) as error:  # the SDK's rule: the call is allowed, no update applies
+                self.log.warning("can_use_tool's updated_permissions for {} not applied: {}", entry.id, error)
+                entry.host_error = f"can_use_tool's updated_permissions for {name} ({entry.id}) not applied: {error}"
         if decision.updated_input is None:
             return raw_input, parsed
         return self._replaced(entry, tool, decision.updated_input)
@@ -434,7 +481,14 @@ def _with_stop(entry: _Entry) -> list[AttachmentMessage | SystemMessage]:
     return messages
 
 
-def _failed(entry: _Entry, message: str, *, host_error: str | None = None) -> ToolResult:
+def _failed(
+    entry: _Entry,
+    message: str,
+    *,
+    host_error: str | None = None,
+    denial: dict[str, Any] | None = None,
+    interrupt: bool = False,
+) -> ToolResult:
     result = tool_result_message(entry.id, tool_error(message), is_error=True)
     return ToolResult(
         tool_use_id=entry.id,
@@ -442,4 +496,12 @@ def _failed(entry: _Entry, message: str, *, host_error: str | None = None) -> To
         hook_messages=_with_stop(entry),
         prevent_continuation=entry.stop is not None,
         host_errors=(host_error,) if host_error else (),
+        denial=denial,
+        interrupt=interrupt,
     )
+
+
+def _denied(entry: _Entry, message: str, tool_input: dict[str, Any], *, interrupt: bool = False) -> ToolResult:
+    """The error result of a call whose permission was denied, with its `permission_denials` entry."""
+    denial = {"tool_name": entry.block.get("name", ""), "tool_use_id": entry.id, "tool_input": tool_input}
+    return _failed(entry, message, denial=denial, interrupt=interrupt)

@@ -52,6 +52,7 @@ from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.agents import AgentDefinition
+from queryloop.runtime.loop.control import PermissionRuleValue, PermissionUpdate, ToolPermissionContext
 from queryloop.runtime.loop.events import (
     AgentUsage,
     AssistantMessage,
@@ -81,6 +82,7 @@ from queryloop.runtime.loop.hooks import (
 )
 from queryloop.runtime.loop.model import FallbackTriggered, ModelError, ModelProvider, ModelRequest
 from queryloop.runtime.loop.options import QueryOptions
+from queryloop.runtime.loop.permissions import PermissionMode
 from queryloop.runtime.loop.pricing import Pricing
 from queryloop.runtime.loop.restore import LoadedTranscript, load_transcript
 from queryloop.runtime.loop.sdk_hooks import (
@@ -100,8 +102,18 @@ from queryloop.runtime.loop.sdk_hooks import (
     PreToolUseHookSpecificOutput,
     SyncHookJSONOutput,
 )
+from queryloop.runtime.loop.settings import SettingsError, SettingSource
 from queryloop.runtime.loop.state import ContinueReason, Terminal, TerminalReason
-from queryloop.runtime.loop.tools import Allow, CanUseTool, Deny, PermissionResult, Tool, ToolContext, ToolError, tool
+from queryloop.runtime.loop.tools import (
+    Allow,
+    CanUseTool,
+    Deny,
+    PermissionResult,
+    Tool,
+    ToolContext,
+    ToolError,
+    tool,
+)
 from queryloop.runtime.mcp.elicitation import McpElicitation, McpElicitationAnswer
 from queryloop.runtime.mcp.servers import McpHttpServer, McpStdioServer
 from queryloop.runtime.providers.anthropic_model import AnthropicModel
@@ -162,7 +174,10 @@ __all__ = [
     "ModelRequest",
     "NotInSession",
     "NotInTrio",
+    "PermissionMode",
     "PermissionResult",
+    "PermissionRuleValue",
+    "PermissionUpdate",
     "PostToolUseFailureHookInput",
     "PostToolUseFailureHookSpecificOutput",
     "PostToolUseHook",
@@ -190,6 +205,8 @@ __all__ = [
     "Session",
     "SessionClosed",
     "SessionView",
+    "SettingSource",
+    "SettingsError",
     "StopFailureHook",
     "StopFailureInput",
     "StopHook",
@@ -206,6 +223,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolError",
+    "ToolPermissionContext",
     "ToolUseSummaryEvent",
     "TranscriptDamaged",
     "TranscriptHoldsAnotherSession",

@@ -78,7 +78,7 @@ def result_subtype(reason: TerminalReason) -> ResultSubtype:
         return "error_max_turns"
     if reason == "max_budget_usd":
         return "error_max_budget_usd"
-    if reason in ("aborted_streaming", "aborted_tools"):
+    if reason in ("aborted_streaming", "aborted_tools", "turn_setup_failed"):
         return "error_during_execution"
     if reason == "max_structured_output_retries":
         return "error_max_structured_output_retries"
@@ -96,6 +96,7 @@ ERROR_TERMINALS: frozenset[str] = frozenset(
         "aborted_streaming",
         "aborted_tools",
         "max_structured_output_retries",
+        "turn_setup_failed",
     }
 )
 

@@ -23,8 +23,10 @@ from queryloop.runtime.loop.model import (
     check_provider,
     runs_on_asyncio,
 )
+from queryloop.runtime.loop.permissions import PermissionMode, parse_rule
 from queryloop.runtime.loop.pricing import Pricing, pricing_for
 from queryloop.runtime.loop.sdk_hooks import HookEvent, HookMatcher
+from queryloop.runtime.loop.settings import SettingSource
 from queryloop.runtime.loop.structured_output import DEFAULT_MAX_RETRIES, STRUCTURED_OUTPUT_TOOL
 from queryloop.runtime.loop.tools import CanUseTool, Tool
 
@@ -93,6 +95,27 @@ class QueryOptions(BaseModel):
     """MCP servers of the runtime, by their `open_mcp` name, whose tools join each query as the server
     lists them when the query starts (a server that says its tools changed is listed again)."""
     can_use_tool: CanUseTool | None = None
+    """Asked about each call the permission rules and the mode leave undecided, as the Agent SDK asks it:
+    `await can_use_tool(tool_name, input, context)` (a `ToolPermissionContext`), or with two arguments, the
+    older form. `Allow(updated_input=..., updated_permissions=...)` runs it; `Deny(message, interrupt=...)`
+    answers the model with `message` (and with `interrupt`, ends the query as an interrupt does)."""
+    permission_mode: PermissionMode | None = None
+    """Claude Code's permission mode (docs/permissions.md); None: the settings' `defaultMode`, else `default`."""
+    allowed_tools: list[str] = Field(default_factory=list)
+    """Allow rules (`Tool`, `Tool(specifier)`, `mcp__server__tool`): calls they match run without asking."""
+    disallowed_tools: list[str] = Field(default_factory=list)
+    """Deny rules: calls they match never run, in every mode."""
+    settings: str | Path | None = None
+    """A settings file (a path, relative to `cwd`) or inline JSON, in Claude Code's `settings.json` format: its
+    hooks (command hooks included) and permissions apply, above the `setting_sources` files."""
+    setting_sources: list[SettingSource] | None = None
+    """Which settings files to read: `"user"` (`~/.claude/settings.json`), `"project"` (`cwd/.claude/settings.json`),
+    `"local"` (`cwd/.claude/settings.local.json`). None reads none (the Agent SDK's None reads all of them: a
+    divergence, as project files may run commands and a host's working folders are not trusted by default)."""
+    cwd: Path | None = None
+    """The query's working folder: hooks' `cwd`, relative rule paths, project settings. None: the process's."""
+    add_dirs: list[Path] = Field(default_factory=list)
+    """Folders besides `cwd` that count as inside for the permission modes (the SDK's `add_dirs`)."""
     stop_hooks: list[StopHook] = Field(default_factory=list)
     subagent_stop_hooks: list[StopHook] = Field(default_factory=list)
     """Claude Code's SubagentStop hooks: the stop hooks of every subagent's query (`StopHookInput.agent_id`
@@ -179,6 +202,13 @@ class QueryOptions(BaseModel):
         for agent_name, agent in self.agents.items():
             _check_agent(agent_name, agent, names, self)
         _check_prices(self)
+        for name in ("allowed_tools", "disallowed_tools"):
+            for text in getattr(self, name):  # refused when made, not at the first call
+                try:
+                    parse_rule(text, cwd=Path("/"))
+                except (TypeError, ValueError) as error:
+                    msg = f"{name}: {error}"
+                    raise ValueError(msg) from None
         return self
 
     def asyncio_provider(self) -> ModelProvider | None:

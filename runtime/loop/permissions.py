@@ -249,6 +249,9 @@ class PermissionVerdict:
     behavior: Literal["allow", "deny", "ask"]
     reason: str
     rule: str | None = None
+    undecided: bool = False
+    """An `ask` because nothing decided (no rule, hook, safety check or mode): without a `can_use_tool` to ask,
+    the caller runs such a call, where an ask that something made is refused."""
 
 
 def check_mode(mode: str) -> PermissionMode:
@@ -362,7 +365,7 @@ def decide_permission(
             return verdict
     if mode == "dontAsk":
         return PermissionVerdict("deny", f"Permission to use {call.described()} has been denied: no rule allows it.")
-    return PermissionVerdict("ask", f"No rule decides {call.described()}: ask.")
+    return PermissionVerdict("ask", f"No rule decides {call.described()}: ask.", undecided=True)
 
 
 def _hooks_and_deny_rules(call: _Call) -> PermissionVerdict | None:

@@ -130,6 +130,7 @@ TerminalReason = Literal[
     "model_error",
     "image_error",
     "max_structured_output_retries",
+    "turn_setup_failed",
 ]
 
 

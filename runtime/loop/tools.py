@@ -403,21 +403,30 @@ def _globals_of(fn: object) -> dict[str, Any]:
 
 
 class Allow(BaseModel):
-    """`can_use_tool`'s answer letting the tool run, with `updated_input` in place of the model's if given."""
+    """`can_use_tool`'s answer letting the tool run (the SDK's `PermissionResultAllow`), with `updated_input` in
+    place of the model's if given, and `updated_permissions` (SDK `PermissionUpdate`s) applied to the session's
+    rules and mode from this call on."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     behavior: Literal["allow"] = "allow"
     updated_input: dict[str, Any] | None = None
+    updated_permissions: list[Any] | None = None
 
 
 class Deny(BaseModel):
-    """`can_use_tool`'s answer refusing the tool: the model gets `message` as the tool's error result."""
+    """`can_use_tool`'s answer refusing the tool (the SDK's `PermissionResultDeny`): the model gets `message` as
+    the tool's error result; `interrupt` also ends the query, as a user's interrupt does (`aborted_tools`)."""
 
     model_config = ConfigDict(frozen=True)
     behavior: Literal["deny"] = "deny"
-    message: str
+    message: str = ""
+    interrupt: bool = False
 
 
 PermissionResult = Allow | Deny
-CanUseTool = Callable[[str, dict[str, Any]], Awaitable[PermissionResult]]
-"""`await can_use_tool(tool_name, tool_input)` before every tool run."""
+CanUseTool = (
+    Callable[[str, dict[str, Any], Any], Awaitable[PermissionResult]]
+    | Callable[[str, dict[str, Any]], Awaitable[PermissionResult]]
+)
+"""`await can_use_tool(tool_name, input, context)` (the Agent SDK's form, `context` a `ToolPermissionContext`) or
+`await can_use_tool(tool_name, input)` for each call the permission rules leave undecided."""
