@@ -1,6 +1,6 @@
 """A query's context in three parts, one model call and its tools (`Turn`), and the pure helpers on them.
 
-- `QuerySetup`: what the query was configured with, fixed when it starts (`QueryLoop._new_run`) and never
+- `QuerySetup`: what the query was configured with, fixed when it starts (`intake.new_run`) and never
   changed while it runs: its options, its event sink and control, the system prompt, the tools and their
   schemas, its context limits and user context message, when it started. A frozen record.
 - `SessionCaches`: what the session's queries share, made once with the QueryLoop: the incremental views
@@ -153,8 +153,8 @@ class SessionCaches:
 
 class QueryPhase(enum.IntEnum):
     """Where a query is in its life (`Run.phase`), in order. The ending is written by one function whoever
-    reaches it first (`QueryLoopEnding._end_early`, then `_send_outcome`): the loop's task, or, where the task is
-    suspended at its turn's wait, the abort's own call (`_end_now`); the phase says which may still act."""
+    reaches it first (`ending.end_early`, then `ending.send_outcome`): the loop's task, or, where the task is
+    suspended at its turn's wait, the abort's own call (`ending.end_now`); the phase says which may still act."""
 
     RUNNING = 0
     """The loop's task runs, or awaits a step that has a cancel scope (`PhaseScope`)."""
@@ -193,7 +193,7 @@ class Run:
     autocompact_failures: int = 0
     """Autocompactions of this query that failed in a row (the Compactor's circuit breaker, per query)."""
     terminal: Terminal | None = None
-    """Set when an abort ended the query's turn in the abort's own call (`QueryLoop._end_now`)."""
+    """Set when an abort ended the query's turn in the abort's own call (`ending.end_now`)."""
     settling: TrioFuture[BudgetStatus] | None = None
     helpers_aborted: bool = False
     """An `Abort` broadcast reached this query: the helpers' work is being cancelled already."""
