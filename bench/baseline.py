@@ -111,7 +111,7 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
     log: BaselineLog | None = None,
 ) -> AsyncGenerator[Event, None]:
     by_name = {t.name: t for t in tools}
-    # The query's config snapshot, as `QueryLoop._new_run` takes it.
+    # The query's config snapshot, as the QueryLoop takes it (`intake.new_run`).
     started = time.monotonic()
     system = build_system_prompt(
         DEFAULT_SYSTEM_PROMPT,
@@ -260,7 +260,7 @@ def _result(
     stop_reason: str | None,
     turns: int,
 ) -> ResultMessage:
-    """The query's totals from the ledger, its calls accounted in one go, as the runtime's `_settle` does."""
+    """The query's totals from the ledger, its calls accounted in one go, as the runtime's `ending.settle` does."""
     for model, usage in unsettled:
         ledger.account(model, usage)
     totals = ledger.status()

@@ -1,18 +1,22 @@
-"""What happens around the model call: the context pipeline and the prompt-too-long cascade, the
-max-output-tokens recovery (and a full window's compaction), a paused turn's continuation, tool-use
-summaries, the token budget's nudge, stop hooks, attachments and the memory prefetch. Each asks a
-helper actor or a hook and applies a transition of `loop.state`.
+"""The steps around the model call, as functions of the `QueryLoop`: the context pipeline
+(`pipeline_due`, `through_pipeline`) and the prompt-too-long cascade, the max-output-tokens recovery (and
+a full window's compaction), a paused turn's continuation, tool-use summaries, the token budget's nudge,
+stop hooks and the structured answer, attachments and the memory prefetch. Each takes the loop (the
+actor: its helpers and emission) and the query's `Run` explicitly, asks a helper actor or a hook, and
+applies a transition of `loop.state`; an abort met on the way ends the query through `ending.end_early`.
 """
 
 from __future__ import annotations
 
-from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared
+from typing import TYPE_CHECKING
+
+from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared, StageCollapse
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded
-from queryloop.actors.query_loop.ending import QueryLoopEnding
-from queryloop.actors.query_loop.run import PendingSummary, Run, Turn
+from queryloop.actors.query_loop.ending import end_early, model_error, surface_failure
+from queryloop.actors.query_loop.run import PendingSummary, PhaseScope, Run, Turn
 from queryloop.actors.summarizer import Summarize
 from queryloop.runtime.errors import WorkCancelled
-from queryloop.runtime.loop.context import pipeline_needed
+from queryloop.runtime.loop.context import collapse_may_stage, pipeline_needed
 from queryloop.runtime.loop.decisions import (
     abort_terminal,
     context_is_full,
@@ -60,360 +64,390 @@ from queryloop.runtime.loop.structured_output import (
 )
 from queryloop.runtime.loop.transcript import messages_after_compact_boundary
 
+if TYPE_CHECKING:
+    from queryloop.actors.query_loop.loop import QueryLoop
 
-class QueryLoopContext(QueryLoopEnding):
-    """The steps around the model call: see the module docstring."""
 
-    async def _recover_max_output_tokens(
-        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
-    ) -> State | None:
-        """Escalate once, silently; then up to three recovery messages; None: surface the error."""
-        options = run.setup.options
-        action = max_output_tokens_action(
-            state, max_output_tokens=options.max_output_tokens, escalated=options.escalated_max_output_tokens
-        )
-        if action == "escalate":
-            run.transitions.append("max_output_tokens_escalate")
-            return max_output_tokens_escalate(state, messages_for_query, options.escalated_max_output_tokens)
-        if action == "recover":
-            recovery = UserMessage(content=MAX_OUTPUT_TOKENS_RECOVERY_TEXT, is_meta=True)
-            await self._emit(run, recovery)
-            run.transitions.append("max_output_tokens_recovery")
-            return max_output_tokens_recovery(state, messages_for_query, turn.assistant_messages, recovery)
-        return None
+async def recover_max_output_tokens(
+    loop: QueryLoop, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+) -> State | None:
+    """Escalate once, silently; then up to three recovery messages; None: surface the error."""
+    options = run.setup.options
+    action = max_output_tokens_action(
+        state, max_output_tokens=options.max_output_tokens, escalated=options.escalated_max_output_tokens
+    )
+    if action == "escalate":
+        run.transitions.append("max_output_tokens_escalate")
+        return max_output_tokens_escalate(state, messages_for_query, options.escalated_max_output_tokens)
+    if action == "recover":
+        recovery = UserMessage(content=MAX_OUTPUT_TOKENS_RECOVERY_TEXT, is_meta=True)
+        await loop.emit(run, recovery)
+        run.transitions.append("max_output_tokens_recovery")
+        return max_output_tokens_recovery(state, messages_for_query, turn.assistant_messages, recovery)
+    return None
 
-    async def _continue_paused(
-        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
-    ) -> State | Terminal:
-        """A `pause_turn`: the paused response goes back as is (the next State), or the cap ends the query."""
-        cap = run.setup.options.max_pause_turn_continuations
-        if not pause_turn_may_continue(state.pause_turn_continuations, cap):
-            why = f"the model paused its turn (pause_turn) {cap + 1} times; max_pause_turn_continuations is {cap}"
-            return await self._model_error(run, turn, ModelError("api_error", why))
-        run.transitions.append("pause_turn_continuation")
-        return pause_turn_continuation(state, messages_for_query, turn.assistant_messages)
 
-    async def _after_final_response(
-        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
-    ) -> State | Terminal:
-        """A response without tools: the stop hooks, then the token budget; the next State, or the end."""
-        prevent, errors = await self._stop_hooks(run, state, messages_for_query, turn)
-        cap = run.setup.options.stop_hook_block_cap
-        capped = bool(errors) and stop_hook_block_capped(state.stop_hook_blocks, cap)
-        # An overridden block's feedback is not emitted: it would join the conversation, unanswered.
-        blocking = (
-            [] if capped else [UserMessage(content=STOP_HOOK_FEEDBACK.format(error=e), is_meta=True) for e in errors]
-        )
-        if prevent is None:
-            for message in blocking:
-                await self._emit(run, message)
+async def continue_paused(
+    loop: QueryLoop, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+) -> State | Terminal:
+    """A `pause_turn`: the paused response goes back as is (the next State), or the cap ends the query."""
+    cap = run.setup.options.max_pause_turn_continuations
+    if not pause_turn_may_continue(state.pause_turn_continuations, cap):
+        why = f"the model paused its turn (pause_turn) {cap + 1} times; max_pause_turn_continuations is {cap}"
+        return await model_error(loop, run, turn, ModelError("api_error", why))
+    run.transitions.append("pause_turn_continuation")
+    return pause_turn_continuation(state, messages_for_query, turn.assistant_messages)
+
+
+async def after_final_response(
+    loop: QueryLoop, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+) -> State | Terminal:
+    """A response without tools: the stop hooks, then the token budget; the next State, or the end."""
+    prevent, errors = await stop_hooks(loop, run, state, messages_for_query, turn)
+    cap = run.setup.options.stop_hook_block_cap
+    capped = bool(errors) and stop_hook_block_capped(state.stop_hook_blocks, cap)
+    # An overridden block's feedback is not emitted: it would join the conversation, unanswered.
+    blocking = [] if capped else [UserMessage(content=STOP_HOOK_FEEDBACK.format(error=e), is_meta=True) for e in errors]
+    if prevent is None:
+        for message in blocking:
+            await loop.emit(run, message)
+    if run.setup.control.abort_reason is not None:
+        return end_early(loop, run, turn, abort_terminal(True, False))
+    if prevent is not None:
+        return Terminal(reason="stop_hook_prevented", error=prevent)
+    if capped:
+        notice = stop_hook_block_cap_message(cap, errors)
+        loop.log.warning("stop hooks blocked {} times in a row: block overridden", cap)
+        await loop.emit(run, notice)
+        if run.structured is None:
+            return Terminal(reason="completed", error=notice.content)
+        run.add_hook_errors((notice.content,))  # the hooks are overridden, not the demand for an answer
+    if blocking:
+        run.transitions.append("stop_hook_blocking")
+        return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
+    if run.structured is not None:  # a final response without the answer (a valid one ends the query)
+        return await demand_answer(loop, run, state, messages_for_query, turn, structured=run.structured)
+    nudge = await token_budget_nudge(loop, run)
+    if nudge is not None:
+        run.transitions.append("token_budget_continuation")
+        return token_budget_continuation(state, messages_for_query, turn.assistant_messages, nudge)
+    return COMPLETED
+
+
+async def retry_too_long(
+    loop: QueryLoop,
+    run: Run,
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    turn: Turn,
+    *,
+    withheld: AssistantMessage,
+) -> State | Terminal:
+    """A prompt-too-long: the cascade's next State, or the query's end (aborted meanwhile, or nothing helped)."""
+    recovered = await recover_prompt_too_long(loop, run, state, messages_for_query)
+    if run.setup.control.abort_reason is not None:  # aborted while compacting: the abort comes first
+        return end_early(loop, run, turn, abort_terminal(True, bool(turn.tool_ids)))
+    if recovered is None:
+        await surface_failure(loop, run, withheld, "invalid_request")
+        return Terminal(reason="prompt_too_long")
+    return recovered
+
+
+async def recover_cut_off(
+    loop: QueryLoop,
+    run: Run,
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    turn: Turn,
+    *,
+    ended: CallEnded,
+) -> State | Terminal | None:
+    """A cut-off response (`max_tokens`, `model_context_window_exceeded`): the next State, a Terminal
+    (aborted meanwhile), or None (nothing left to try: surface the withheld error).
+
+    A `model_context_window_exceeded` whose input filled the window (`context_is_full`) goes through
+    the 413 cascade's compaction first (a recovery message would have no room); otherwise, and when
+    compaction cannot help, through the max-output-tokens recovery, as any cut-off does.
+    """
+    limits = run.setup.context_config.limits
+    if ended.stop_reason == "model_context_window_exceeded" and context_is_full(ended.usage, limits):
+        compacted = await recover_prompt_too_long(loop, run, state, messages_for_query)
         if run.setup.control.abort_reason is not None:
-            return self._end_early(run, turn, abort_terminal(True, False))
-        if prevent is not None:
-            return Terminal(reason="stop_hook_prevented", error=prevent)
-        if capped:
-            notice = stop_hook_block_cap_message(cap, errors)
-            self.log.warning("stop hooks blocked {} times in a row: block overridden", cap)
-            await self._emit(run, notice)
-            if run.structured is None:
-                return Terminal(reason="completed", error=notice.content)
-            run.add_hook_errors((notice.content,))  # the hooks are overridden, not the demand for an answer
-        if blocking:
-            run.transitions.append("stop_hook_blocking")
-            return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, blocking)
-        if run.structured is not None:  # a final response without the answer (a valid one ends the query)
-            return await self._demand_answer(run, state, messages_for_query, turn, run.structured)
-        nudge = await self._token_budget_nudge(run)
-        if nudge is not None:
-            run.transitions.append("token_budget_continuation")
-            return token_budget_continuation(state, messages_for_query, turn.assistant_messages, nudge)
-        return COMPLETED
+            return end_early(loop, run, turn, abort_terminal(True, False))
+        if compacted is not None:
+            return compacted
+    return await recover_max_output_tokens(loop, run, state, messages_for_query, turn)
 
-    async def _retry_too_long(
-        self,
-        run: Run,
-        state: State,
-        messages_for_query: list[TranscriptMessage],
-        turn: Turn,
-        withheld: AssistantMessage,
-    ) -> State | Terminal:
-        """A prompt-too-long: the cascade's next State, or the query's end (aborted meanwhile, or nothing helped)."""
-        recovered = await self._recover_prompt_too_long(run, state, messages_for_query)
-        if run.setup.control.abort_reason is not None:  # aborted while compacting: the abort comes first
-            return self._end_early(run, turn, abort_terminal(True, bool(turn.tool_ids)))
-        if recovered is None:
-            await self._surface_failure(run, withheld, "invalid_request")
-            return Terminal(reason="prompt_too_long")
-        return recovered
 
-    async def _recover_cut_off(
-        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn, ended: CallEnded
-    ) -> State | Terminal | None:
-        """A cut-off response (`max_tokens`, `model_context_window_exceeded`): the next State, a Terminal
-        (aborted meanwhile), or None (nothing left to try: surface the withheld error).
+async def consume_summary(loop: QueryLoop, run: Run, pending: PendingSummary) -> None:
+    """The previous batch's summary (`state.pending_tool_use_summary`), made while this iteration's model
+    call ran; its failure costs only it.
 
-        A `model_context_window_exceeded` whose input filled the window (`context_is_full`) goes through
-        the 413 cascade's compaction first (a recovery message would have no room); otherwise, and when
-        compaction cannot help, through the max-output-tokens recovery, as any cut-off does.
-        """
-        limits = run.setup.context_config.limits
-        if ended.stop_reason == "model_context_window_exceeded" and context_is_full(ended.usage, limits):
-            compacted = await self._recover_prompt_too_long(run, state, messages_for_query)
-            if run.setup.control.abort_reason is not None:
-                return self._end_early(run, turn, abort_terminal(True, False))
-            if compacted is not None:
-                return compacted
-        return await self._recover_max_output_tokens(run, state, messages_for_query, turn)
-
-    async def _consume_summary(self, run: Run, pending: PendingSummary) -> None:
-        """The previous batch's summary (`state.pending_tool_use_summary`), made while this iteration's model
-        call ran; its failure costs only it.
-
-        Claude Code awaits it "at the top of the next iteration"; it is awaited once that
-        iteration's stream has ended, so that it overlaps the model call, as Claude Code's own
-        rationale ("resolved during model streaming") intends.
-        """
-        summary: str | None = None
-        with self._phase(run):
-            try:
-                summary = await pending.future
-            except Exception:  # noqa: BLE001 - cancelled or failed: the summary is lost, the loop goes on
-                summary = None
-        if summary:
-            await self._emit(run, ToolUseSummaryEvent(summary=summary, preceding_tool_use_ids=pending.tool_use_ids))
-
-    def _start_summary(self, run: Run, turn: Turn) -> PendingSummary | None:
-        if not run.setup.options.tool_use_summaries or not turn.tool_ids:
-            return None
-        uses = [b for m in turn.assistant_messages for b in m.content if b.get("type") == "tool_use"]
-        results = [
-            b
-            for m in turn.tool_results
-            if isinstance(m, UserMessage) and isinstance(m.content, list)
-            for b in m.content
-            if b.get("type") == "tool_result"
-        ]
-        future = self.summarizer.ask(
-            Summarize(
-                model=run.setup.options.small_model,
-                tool_uses=uses,
-                results=results,
-                stream_idle_timeout_s=run.setup.options.stream_idle_timeout_s,
-            ),
-            block=False,
-        )
-        return PendingSummary(future=future, tool_use_ids=list(turn.tool_ids))
-
-    @staticmethod
-    def _pipeline_needed(run: Run, messages: list[TranscriptMessage]) -> bool:
-        """Whether a compaction stage has work on `messages` (not on most iterations): `pipeline_needed`."""
-        context = run.setup.context_config
-        return pipeline_needed(
-            messages,
-            context.limits,
-            max_tool_result_chars=context.max_tool_result_chars,
-            snip_max_rounds=context.snip_max_rounds,
-            scan=run.caches.oversized_scan,
-            count=run.caches.token_count,
-        )
-
-    async def _through_pipeline(
-        self, run: Run, messages: list[TranscriptMessage]
-    ) -> list[TranscriptMessage] | Terminal:
-        """`messages` through the Compactor's pipeline (`_pipeline_needed`): the messages to send, or how the
-        query ends (aborted while compacting; the blocking limit)."""
-        prepared = await self._prepare(run, messages)
-        if prepared is None:
-            return self._end_early(run, None, "aborted_streaming")
-        if prepared.compacted is not None:
-            run.autocompact_failures = 0
-            messages = await self._install_compaction(run, prepared.compacted, prepared.pre_compact_tokens)
-        else:
-            run.autocompact_failures += prepared.autocompact_failed
-            messages = prepared.messages
-        if prepared.blocking:
-            await self._surface(run, api_error_message(run.model, PROMPT_TOO_LONG_ERROR_MESSAGE))
-            return Terminal(reason="blocking_limit")
-        return messages
-
-    async def _prepare(self, run: Run, messages: list[TranscriptMessage]) -> Prepared | None:
-        """The Compactor's pipeline over `messages`; None if aborted."""
-        answer: Prepared | None = None
-        with self._phase(run):
-            try:
-                prepare = Prepare(
-                    messages=messages, config=run.setup.context_config, autocompact_failures=run.autocompact_failures
-                )
-                answer = await self.compactor.ask(prepare, block=False)
-            except WorkCancelled:
-                answer = None
-        return None if run.setup.control.abort_reason is not None else answer
-
-    async def _install_compaction(
-        self, run: Run, compacted: list[TranscriptMessage], pre_tokens: int
-    ) -> list[TranscriptMessage]:
-        for message in compacted:
-            await self._emit(run, message)
-        total = run.setup.options.task_budget
-        if total is not None:  # loop-local, updated on compaction only
-            remaining = run.task_budget_remaining if run.task_budget_remaining is not None else total
-            run.task_budget_remaining = max(0, remaining - pre_tokens)
-        return messages_after_compact_boundary(compacted)
-
-    async def _recover_prompt_too_long(
-        self, run: Run, state: State, messages_for_query: list[TranscriptMessage]
-    ) -> State | None:
-        """The prompt-too-long cascade: collapse drain (never twice in a row), then one reactive compact."""
-        options = run.setup.options
-        transition = state.transition
-        if options.context_collapse and (transition is None or transition.reason != "collapse_drain_retry"):
-            drained: Drained = await self.compactor.ask(DrainCollapses(messages=messages_for_query), block=False)
-            if drained.committed > 0:
-                run.transitions.append("collapse_drain_retry")
-                return collapse_drain_retry(state, drained.messages, drained.committed)
-        if options.reactive_compact and not state.has_attempted_reactive_compact:
-            compacted: Compacted | None = None
-            with self._phase(run):
-                try:
-                    compacted = await self.compactor.ask(
-                        Compact(messages=messages_for_query, config=run.setup.context_config, trigger="reactive"),
-                        block=False,
-                    )
-                except WorkCancelled:
-                    compacted = None
-            if compacted is not None and run.setup.control.abort_reason is None:
-                run.autocompact_failures = 0  # the seed resets `autoCompactTracking` here
-                await self._install_compaction(run, compacted.messages, compacted.pre_tokens)
-                run.transitions.append("reactive_compact_retry")
-                return reactive_compact_retry(state, compacted.messages)
-        return None
-
-    async def _token_budget_nudge(self, run: Run) -> UserMessage | None:
-        """The token-budget gate: a meta nudge to go on, or None to stop (with its completion event)."""
-        if run.setup.options.token_budget is None:
-            return None
-        decision = await self.accounts.check_token_budget(run.usage.output_tokens)
-        if decision.action == "continue" and decision.nudge_message is not None:
-            nudge = UserMessage(content=decision.nudge_message, is_meta=True)
-            await self._emit(run, nudge)
-            return nudge
-        if decision.completion_event is not None:
-            await self._emit(run, SystemMessage(subtype="token_budget", data=decision.completion_event.model_dump()))
-        return None
-
-    async def _stop_hooks(
-        self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
-    ) -> tuple[str | None, list[str]]:
-        """Every stop hook in turn: the first `prevent`, and the blocking errors' texts. A hook that raises
-        counts as passing: its `hook_error` event is emitted at once and its text kept for the result's
-        `errors`."""
-        hooks = run.setup.options.stop_hooks
-        if not hooks:
-            return None, []
-        agent_id, agent_type = self.agent or (None, None)
-        hook_input = StopHookInput(
-            messages=[*messages_for_query, *turn.assistant_messages],
-            stop_hook_active=state.stop_hook_active,
-            agent_id=agent_id,
-            agent_type=agent_type,
-            consecutive_blocks=state.stop_hook_blocks,
-        )
-        prevent: str | None = None
-        errors: list[str] = []
-        with self._phase(run):
-            for hook in hooks:
-                try:
-                    decision = checked_hook_decision(await hook(hook_input))
-                except Exception as error:  # noqa: BLE001 - a failing hook is a non-blocking error, as in Claude Code
-                    self.log.opt(exception=error).warning("stop hook failed")
-                    event: HookErrorSource = "Stop" if agent_id is None else "SubagentStop"
-                    await self._hook_error(run, hook_error_message(event, hook, error))
-                    continue
-                if decision is None:
-                    continue
-                if decision.prevent is not None and prevent is None:
-                    prevent = decision.prevent
-                if decision.blocking_error is not None:
-                    errors.append(decision.blocking_error)
-        return prevent, errors
-
-    async def _demand_answer(
-        self,
-        run: Run,
-        state: State,
-        messages_for_query: list[TranscriptMessage],
-        turn: Turn,
-        structured: StructuredAnswer,
-    ) -> State | Terminal:
-        """A failed attempt at the structured answer: sent back with the demand, or the query's end."""
-        structured.failures += 1
-        ended = _out_of_attempts(run, structured)
-        if ended is not None:
-            return ended
-        demand = UserMessage(content=ENFORCEMENT_TEXT, is_meta=True)
-        await self._emit(run, demand)
-        run.transitions.append("stop_hook_blocking")  # Claude Code's built-in stop hook
-        return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, [demand])
-
-    @staticmethod
-    def _settle_answer(run: Run, turn: Turn) -> Terminal | None:
-        """After a tool batch: a valid `StructuredOutput` call ends the query; too many failed ones too."""
-        structured = run.structured
-        assert structured is not None
-        uses = [b for m in turn.assistant_messages for b in m.content if b.get("type") == "tool_use"]
-        answer = structured.settle_batch(uses)
-        if answer is not None:
-            run.structured_output = answer_json(answer)
-            return COMPLETED
-        return _out_of_attempts(run, structured)
-
-    async def _hook_error(self, run: Run, message: SystemMessage) -> None:
-        run.add_hook_errors((message.content,))
-        await self._emit(run, message)
-
-    @staticmethod
-    def _attachments_due(run: Run) -> bool:
-        """Whether context can have arisen while the tools ran (not on most turns of most queries)."""
-        memory_due = run.memory is not None and not run.memory_used
-        return bool(run.setup.options.attachment_sources) or memory_due or run.memory_failure is not None
-
-    async def _attachments(self, run: Run) -> list[AttachmentMessage]:
-        """Context that arose while the tools ran (`_attachments_due`), injected before the next model call.
-
-        A source that raises or returns anything but a list of attachments is skipped for this turn, as a
-        failed memory prefetch is: a `hook_error` event says so and the result's `errors` names it; its
-        context is lost for this turn, never the session.
-        """
-        if (failure := run.memory_failure) is not None:
-            run.memory_failure = None
-            await self._emit(run, failure)
-        messages: list[AttachmentMessage] = []
-        for source in run.setup.options.attachment_sources:
-            try:
-                collected = checked_attachments(await source.collect())
-                messages.extend(AttachmentMessage(attachment=a) for a in collected)
-            except Exception as error:  # noqa: BLE001 - the host's source: a non-blocking error, as a hook's
-                self.log.opt(exception=error).warning("attachment source failed")
-                await self._hook_error(run, hook_error_message("AttachmentSource", source.collect, error))
-        if run.memory is not None and not run.memory_used:
-            run.memory_used = True
-            messages.append(AttachmentMessage(attachment={"type": "memory", "content": run.memory}))
-        for message in messages:
-            await self._emit(run, message)
-        return messages
-
-    async def _prefetch_memory(self, run: Run, messages: list[TranscriptMessage]) -> None:
-        prefetch = run.setup.options.memory_prefetch
-        assert prefetch is not None
+    Claude Code awaits it "at the top of the next iteration"; it is awaited once that
+    iteration's stream has ended, so that it overlaps the model call, as Claude Code's own
+    rationale ("resolved during model streaming") intends.
+    """
+    summary: str | None = None
+    with PhaseScope(run):
         try:
-            run.memory = checked_memory(await prefetch(messages))
-        except Exception as error:  # noqa: BLE001 - the host's prefetch: a non-blocking error, as a hook's
-            self.log.opt(exception=error).warning("memory prefetch failed")
-            # The prefetch runs beside the loop: its `hook_error` event waits for the loop's next
-            # attachments, so it never lands in the middle of a streamed response; `errors` has it now.
-            failure = hook_error_message("MemoryPrefetch", prefetch, error)
-            run.add_hook_errors((failure.content,))
-            run.memory_failure = failure
+            summary = await pending.future
+        except Exception:  # noqa: BLE001 - cancelled or failed: the summary is lost, the loop goes on
+            summary = None
+    if summary:
+        await loop.emit(run, ToolUseSummaryEvent(summary=summary, preceding_tool_use_ids=pending.tool_use_ids))
+
+
+def start_summary(loop: QueryLoop, run: Run, turn: Turn) -> PendingSummary | None:
+    if not run.setup.options.tool_use_summaries or not turn.tool_ids:
+        return None
+    uses = [b for m in turn.assistant_messages for b in m.content if b.get("type") == "tool_use"]
+    results = [
+        b
+        for m in turn.tool_results
+        if isinstance(m, UserMessage) and isinstance(m.content, list)
+        for b in m.content
+        if b.get("type") == "tool_result"
+    ]
+    future = loop.summarizer.ask(
+        Summarize(
+            model=run.setup.options.small_model,
+            tool_uses=uses,
+            results=results,
+            stream_idle_timeout_s=run.setup.options.stream_idle_timeout_s,
+        ),
+        block=False,
+    )
+    return PendingSummary(future=future, tool_use_ids=list(turn.tool_ids))
+
+
+def stage_collapse(loop: QueryLoop, run: Run, state: State) -> None:
+    """With `context_collapse`, at the `next_turn` site: the Compactor stages a collapse of the messages
+    when they may need one (it runs beside the next model call)."""
+    setup = run.setup
+    if collapse_may_stage(state.messages, setup.context_config.limits, run.caches.token_count):
+        loop.compactor.tell(StageCollapse(messages=state.messages, config=setup.context_config))
+
+
+def pipeline_due(run: Run, messages: list[TranscriptMessage]) -> bool:
+    """Whether a compaction stage has work on `messages` (not on most iterations): `pipeline_needed`."""
+    context = run.setup.context_config
+    return pipeline_needed(
+        messages,
+        context.limits,
+        max_tool_result_chars=context.max_tool_result_chars,
+        snip_max_rounds=context.snip_max_rounds,
+        scan=run.caches.oversized_scan,
+        count=run.caches.token_count,
+    )
+
+
+async def through_pipeline(
+    loop: QueryLoop, run: Run, messages: list[TranscriptMessage]
+) -> list[TranscriptMessage] | Terminal:
+    """`messages` through the Compactor's pipeline (`pipeline_due`): the messages to send, or how the
+    query ends (aborted while compacting; the blocking limit)."""
+    prepared = await prepare_context(loop, run, messages)
+    if prepared is None:
+        return end_early(loop, run, None, "aborted_streaming")
+    if prepared.compacted is not None:
+        run.autocompact_failures = 0
+        messages = await install_compaction(loop, run, prepared.compacted, prepared.pre_compact_tokens)
+    else:
+        run.autocompact_failures += prepared.autocompact_failed
+        messages = prepared.messages
+    if prepared.blocking:
+        await loop.surface(run, api_error_message(run.model, PROMPT_TOO_LONG_ERROR_MESSAGE))
+        return Terminal(reason="blocking_limit")
+    return messages
+
+
+async def prepare_context(loop: QueryLoop, run: Run, messages: list[TranscriptMessage]) -> Prepared | None:
+    """The Compactor's pipeline over `messages`; None if aborted."""
+    answer: Prepared | None = None
+    with PhaseScope(run):
+        try:
+            prepare = Prepare(
+                messages=messages, config=run.setup.context_config, autocompact_failures=run.autocompact_failures
+            )
+            answer = await loop.compactor.ask(prepare, block=False)
+        except WorkCancelled:
+            answer = None
+    return None if run.setup.control.abort_reason is not None else answer
+
+
+async def install_compaction(
+    loop: QueryLoop, run: Run, compacted: list[TranscriptMessage], pre_tokens: int
+) -> list[TranscriptMessage]:
+    for message in compacted:
+        await loop.emit(run, message)
+    total = run.setup.options.task_budget
+    if total is not None:  # loop-local, updated on compaction only
+        remaining = run.task_budget_remaining if run.task_budget_remaining is not None else total
+        run.task_budget_remaining = max(0, remaining - pre_tokens)
+    return messages_after_compact_boundary(compacted)
+
+
+async def recover_prompt_too_long(
+    loop: QueryLoop, run: Run, state: State, messages_for_query: list[TranscriptMessage]
+) -> State | None:
+    """The prompt-too-long cascade: collapse drain (never twice in a row), then one reactive compact."""
+    options = run.setup.options
+    transition = state.transition
+    if options.context_collapse and (transition is None or transition.reason != "collapse_drain_retry"):
+        drained: Drained = await loop.compactor.ask(DrainCollapses(messages=messages_for_query), block=False)
+        if drained.committed > 0:
+            run.transitions.append("collapse_drain_retry")
+            return collapse_drain_retry(state, drained.messages, drained.committed)
+    if options.reactive_compact and not state.has_attempted_reactive_compact:
+        compacted: Compacted | None = None
+        with PhaseScope(run):
+            try:
+                compacted = await loop.compactor.ask(
+                    Compact(messages=messages_for_query, config=run.setup.context_config, trigger="reactive"),
+                    block=False,
+                )
+            except WorkCancelled:
+                compacted = None
+        if compacted is not None and run.setup.control.abort_reason is None:
+            run.autocompact_failures = 0  # the seed resets `autoCompactTracking` here
+            await install_compaction(loop, run, compacted.messages, compacted.pre_tokens)
+            run.transitions.append("reactive_compact_retry")
+            return reactive_compact_retry(state, compacted.messages)
+    return None
+
+
+async def token_budget_nudge(loop: QueryLoop, run: Run) -> UserMessage | None:
+    """The token-budget gate: a meta nudge to go on, or None to stop (with its completion event)."""
+    if run.setup.options.token_budget is None:
+        return None
+    decision = await loop.accounts.check_token_budget(run.usage.output_tokens)
+    if decision.action == "continue" and decision.nudge_message is not None:
+        nudge = UserMessage(content=decision.nudge_message, is_meta=True)
+        await loop.emit(run, nudge)
+        return nudge
+    if decision.completion_event is not None:
+        await loop.emit(run, SystemMessage(subtype="token_budget", data=decision.completion_event.model_dump()))
+    return None
+
+
+async def stop_hooks(
+    loop: QueryLoop, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
+) -> tuple[str | None, list[str]]:
+    """Every stop hook in turn: the first `prevent`, and the blocking errors' texts. A hook that raises
+    counts as passing: its `hook_error` event is emitted at once and its text kept for the result's
+    `errors`."""
+    hooks = run.setup.options.stop_hooks
+    if not hooks:
+        return None, []
+    agent_id, agent_type = loop.agent or (None, None)
+    hook_input = StopHookInput(
+        messages=[*messages_for_query, *turn.assistant_messages],
+        stop_hook_active=state.stop_hook_active,
+        agent_id=agent_id,
+        agent_type=agent_type,
+        consecutive_blocks=state.stop_hook_blocks,
+    )
+    prevent: str | None = None
+    errors: list[str] = []
+    with PhaseScope(run):
+        for hook in hooks:
+            try:
+                decision = checked_hook_decision(await hook(hook_input))
+            except Exception as error:  # noqa: BLE001 - a failing hook is a non-blocking error, as in Claude Code
+                loop.log.opt(exception=error).warning("stop hook failed")
+                event: HookErrorSource = "Stop" if agent_id is None else "SubagentStop"
+                await hook_error(loop, run, hook_error_message(event, hook, error))
+                continue
+            if decision is None:
+                continue
+            if decision.prevent is not None and prevent is None:
+                prevent = decision.prevent
+            if decision.blocking_error is not None:
+                errors.append(decision.blocking_error)
+    return prevent, errors
+
+
+async def demand_answer(
+    loop: QueryLoop,
+    run: Run,
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    turn: Turn,
+    *,
+    structured: StructuredAnswer,
+) -> State | Terminal:
+    """A failed attempt at the structured answer: sent back with the demand, or the query's end."""
+    structured.failures += 1
+    ended = _out_of_attempts(run, structured)
+    if ended is not None:
+        return ended
+    demand = UserMessage(content=ENFORCEMENT_TEXT, is_meta=True)
+    await loop.emit(run, demand)
+    run.transitions.append("stop_hook_blocking")  # Claude Code's built-in stop hook
+    return stop_hook_blocking(state, messages_for_query, turn.assistant_messages, [demand])
+
+
+def settle_answer(run: Run, turn: Turn) -> Terminal | None:
+    """After a tool batch: a valid `StructuredOutput` call ends the query; too many failed ones too."""
+    structured = run.structured
+    assert structured is not None
+    uses = [b for m in turn.assistant_messages for b in m.content if b.get("type") == "tool_use"]
+    answer = structured.settle_batch(uses)
+    if answer is not None:
+        run.structured_output = answer_json(answer)
+        return COMPLETED
+    return _out_of_attempts(run, structured)
+
+
+async def hook_error(loop: QueryLoop, run: Run, message: SystemMessage) -> None:
+    run.add_hook_errors((message.content,))
+    await loop.emit(run, message)
+
+
+def attachments_due(run: Run) -> bool:
+    """Whether context can have arisen while the tools ran (not on most turns of most queries)."""
+    memory_due = run.memory is not None and not run.memory_used
+    return bool(run.setup.options.attachment_sources) or memory_due or run.memory_failure is not None
+
+
+async def collect_attachments(loop: QueryLoop, run: Run) -> list[AttachmentMessage]:
+    """Context that arose while the tools ran (`attachments_due`), injected before the next model call.
+
+    A source that raises or returns anything but a list of attachments is skipped for this turn, as a
+    failed memory prefetch is: a `hook_error` event says so and the result's `errors` names it; its
+    context is lost for this turn, never the session.
+    """
+    if (failure := run.memory_failure) is not None:
+        run.memory_failure = None
+        await loop.emit(run, failure)
+    messages: list[AttachmentMessage] = []
+    for source in run.setup.options.attachment_sources:
+        try:
+            collected = checked_attachments(await source.collect())
+            messages.extend(AttachmentMessage(attachment=a) for a in collected)
+        except Exception as error:  # noqa: BLE001 - the host's source: a non-blocking error, as a hook's
+            loop.log.opt(exception=error).warning("attachment source failed")
+            await hook_error(loop, run, hook_error_message("AttachmentSource", source.collect, error))
+    if run.memory is not None and not run.memory_used:
+        run.memory_used = True
+        messages.append(AttachmentMessage(attachment={"type": "memory", "content": run.memory}))
+    for message in messages:
+        await loop.emit(run, message)
+    return messages
+
+
+async def prefetch_memory(loop: QueryLoop, run: Run, messages: list[TranscriptMessage]) -> None:
+    prefetch = run.setup.options.memory_prefetch
+    assert prefetch is not None
+    try:
+        run.memory = checked_memory(await prefetch(messages))
+    except Exception as error:  # noqa: BLE001 - the host's prefetch: a non-blocking error, as a hook's
+        loop.log.opt(exception=error).warning("memory prefetch failed")
+        # The prefetch runs beside the loop: its `hook_error` event waits for the loop's next
+        # attachments, so it never lands in the middle of a streamed response; `errors` has it now.
+        failure = hook_error_message("MemoryPrefetch", prefetch, error)
+        run.add_hook_errors((failure.content,))
+        run.memory_failure = failure
 
 
 def _out_of_attempts(run: Run, structured: StructuredAnswer) -> Terminal | None:

@@ -1,57 +1,69 @@
-"""QueryLoop: owns the loop `State` and the session's conversation; runs queries.
+"""QueryLoop: the actor that owns the session's conversation and runs its queries, one at a time.
 
-A `RunQuery` starts the query as *non-abortable* work of this actor: an abort
-must not kill the loop, the loop must end the query itself, as Claude Code's does:
-what the tools finished, synthetic `Interrupted by user` results for the rest,
-an interruption message unless the reason is `interrupt`, and the `result`
-event. `on_abort` records the reason and stops what the loop waits on: the
-turn (the model stream and the tools: the loop's wait on its turn channel is
-woken, no cancel scope is needed there, `Run.abort`) or the current *phase*'s
-cancel scope (a summary, a compaction, the stop hooks). Where the loop is waiting
-on its turn (nearly all of a query's life), the ending is written at once, in the
-abort's own call, once its handlers have returned (`_end_now`); elsewhere the
-loop's task, woken by the abort, writes it. Both run the same synchronous ending
-(`_end_early`, `_send_outcome`). The ModelCaller's and the executor's work is
-abortable and is cancelled by the same `Abort` broadcast.
+The class is the actor alone: its messages (a `RunQuery` is started or queued, `on_abort`, `on_stop`),
+the session's state (helpers spawned on first need, the conversation, transcript, accounts, sidechains)
+and the emission every step goes through (`emit`, `emit_now`, `keep`, `record`, `surface`). A query's run
+reads in order below, `_query` → `_run_loop` → `_loop` → `_after_model` → `_after_final` /
+`_after_tool_use`, calling steps that are plain functions taking the loop and the query's `Run`
+explicitly: `intake` (setup, queued messages), `context` (the pipeline, recoveries, summaries, stop hooks,
+attachments), `turn` (the model phase) and `ending` (early endings, the outcome).
 
-One iteration: the context pipeline (compaction) at the top, then
-`stream_request_start` → model call (fallback retries inside) → the decisions
-of `queryloop.runtime.loop.decisions`, in Claude Code's check order → a continue site of
-`queryloop.runtime.loop.state` or a `Terminal`. Events are emitted in production order to the
-query's bounded channel (a call's stream events and assistant messages by the
-ModelCaller itself, which then hands each message to the loop); transcript
-messages join the conversation as they are emitted, so the conversation is always
-what the consumer saw. The `result` is sent as soon as the ending is known; the
-stream ends once every helper's cancelled work has unwound.
+A query is *non-abortable* work of this actor: an abort must not kill the loop, the loop ends the query
+itself, as Claude Code's does. `on_abort` records the reason and stops what the loop waits on: the turn
+(`Run.abort` wakes its wait on the turn channel) or the current phase's cancel scope. One function writes
+an early ending, `ending.end_early`: in the abort's own call where the loop waits on its turn
+(`ending.end_now`, after the abort's handlers), else in the loop's task, woken by the abort.
 
-With a `TranscriptLog`, every message that joins the conversation (and every
-tombstone) is logged, in the order it was emitted, before the consumer can take it
-(`runtime.loop.persistence`'s rule); the prompt is written to the OS as soon as it
-joins the conversation, before any request; the log is fsynced (off the trio thread)
-at each continue site and when the query ends, before its `result`. Each of these writes waits for
-room while the disk is full (`run.wait_for_room`, `runtime.loop.disk`'s policy; an abort cuts the wait):
-past the bound, or at another OSError, the query ends with an error `result` naming the file, never a crash.
+One iteration (`_loop`): the context pipeline, the model call (fallback retries inside), then the
+decisions of `queryloop.runtime.loop.decisions` in Claude Code's check order, which give a continue site
+of `queryloop.runtime.loop.state` or a `Terminal`. Transcript messages join the conversation (and the
+transcript, before the consumer can take them: `runtime.loop.persistence`'s rule) as they are emitted;
+a full disk is waited out (`run.wait_for_room`), past its bound the query ends with an error `result`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetLedger
-from queryloop.actors.compactor import StageCollapse, context_config
+from queryloop.actors.budget_guard import BudgetGuard, BudgetLedger
+from queryloop.actors.compactor import Compactor
 from queryloop.actors.query_loop.accounting import GuardAccounts, LedgerAccounts, QueryAccounts
-from queryloop.actors.query_loop.context import QueryLoopContext
-from queryloop.actors.query_loop.ending import unwritable_terminal
+from queryloop.actors.query_loop.context import (
+    after_final_response,
+    attachments_due,
+    collect_attachments,
+    consume_summary,
+    continue_paused,
+    pipeline_due,
+    prefetch_memory,
+    recover_cut_off,
+    retry_too_long,
+    settle_answer,
+    stage_collapse,
+    start_summary,
+    through_pipeline,
+)
+from queryloop.actors.query_loop.ending import (
+    UNWRITABLE,
+    end_early,
+    end_now,
+    max_turns,
+    model_error,
+    refusal,
+    send_outcome,
+    settle,
+    surface_failure,
+    unwritable_terminal,
+)
+from queryloop.actors.query_loop.intake import answer_absorbed, new_run, take_in_queued
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
 from queryloop.actors.query_loop.run import (
+    TRANSCRIPT_TYPES,
     BudgetExceeded,
     QueryPhase,
-    QuerySetup,
     Run,
     SessionCaches,
     TranscriptUnwritable,
@@ -59,64 +71,39 @@ from queryloop.actors.query_loop.run import (
     flush_for_room,
     wait_for_room,
 )
-from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
+from queryloop.actors.query_loop.subagent import Subagents
+from queryloop.actors.query_loop.turn import model_phase
+from queryloop.actors.summarizer import ToolUseSummarizer
 from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.errors import SessionClosed
-from queryloop.runtime.kernel.messages import AbortReason
-from queryloop.runtime.kernel.supervisor import Supervisor
-from queryloop.runtime.loop.context import collapse_may_stage
+from queryloop.runtime.kernel.actor import TrioActor, TrioActorRef
+from queryloop.runtime.kernel.messages import Abort, AbortReason
 from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
-from queryloop.runtime.loop.event_hooks import QueryHooks
-from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
-from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
-from queryloop.runtime.loop.post_tool_use import legacy_matcher
-from queryloop.runtime.loop.state import (
-    COMPLETED,
-    State,
-    Terminal,
-    initial_state,
-    next_turn,
-)
-from queryloop.runtime.loop.structured_output import StructuredAnswer
-from queryloop.runtime.loop.transcript import (
-    build_system_prompt,
-)
+from queryloop.runtime.loop.events import AssistantMessage, Event, TombstoneEvent, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.state import COMPLETED, State, Terminal, initial_state, next_turn
+from queryloop.runtime.loop.transcript import response_text
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from pathlib import Path
     from types import TracebackType
 
-    from pykka import ActorRef
+    from pykka import ActorRef, Future
 
-    from queryloop.actors.budget_guard import BudgetGuard
     from queryloop.actors.model_caller import CallEnded, ModelCaller
+    from queryloop.actors.query_loop.subagent import AgentsHost
     from queryloop.actors.tool_executor import StreamingToolExecutor
     from queryloop.runtime.loop.hooks import StopFailureError
     from queryloop.runtime.loop.model import ModelProvider
-    from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.tools import Tool
 
-
-def _system_prompt(options: QueryOptions) -> list[dict[str, Any]]:
-    """The query's system prompt; without a custom, appended or context part (most sessions), one list for all."""
-    if options.system_prompt is None and not options.append_system_prompt and not options.system_context:
-        return _DEFAULT_SYSTEM
-    return build_system_prompt(
-        DEFAULT_SYSTEM_PROMPT,
-        custom=options.system_prompt,
-        append=options.append_system_prompt,
-        system_context=options.system_context,
-    )
+_STOP_HELPERS = Abort(reason="user")
+"""What stops the helpers' work at a query's end: frozen, so made once (validated, as supervisor mail is)."""
 
 
-_DEFAULT_SYSTEM = build_system_prompt(DEFAULT_SYSTEM_PROMPT)
-"""Shared by every query with the default system prompt (read only: requests and providers never change it)."""
-
-
-class QueryLoop(QueryLoopContext):
+class QueryLoop(TrioActor):
     """Owns the loop `State` and the session's conversation; runs one query at a time (module docstring)."""
 
     actor_name = "QueryLoop"
@@ -146,15 +133,17 @@ class QueryLoop(QueryLoopContext):
         # A `budget_guard` (a host budget sits above the session: every call's cost must be reported) is
         # asked by message; without one the loop accounts inline and the guard is spawned on first need.
         self._budget_guard = budget_guard
-        self.ledger = None
+        self.ledger: BudgetLedger | None = None
+        """The session's budget ledger, kept here where no host budget is set; else None (the BudgetGuard's)."""
         self.accounts: QueryAccounts
+        """What the loop asks of the books, inline or of the BudgetGuard (`accounting`)."""
         if budget_guard is None:
             self.ledger = ledger or BudgetLedger()
             self.accounts = LedgerAccounts(self.ledger)
         else:
             self.accounts = GuardAccounts(budget_guard)
-        self._compactor = None
-        self._summarizer = None
+        self._compactor: ActorRef[Compactor] | None = None
+        self._summarizer: ActorRef[ToolUseSummarizer] | None = None
         self._compact_provider = compact_provider
         self._summary_provider = summary_provider
         self._session_dir = session_dir
@@ -162,20 +151,53 @@ class QueryLoop(QueryLoopContext):
         """Restored (resume) messages are in the log already: only what joins from now on is logged."""
         self.transcript = transcript
         self.sidechains: dict[str, Sidechain] = dict(sidechains) if sidechains else EMPTY_DICT
-        """The subagents' conversations by agent id (`subagent`); the shared empty dict until the first."""
-        self._agents_host = agents_host
-        self._depth = depth
+        """The subagents' conversations by agent id, restored or kept as each ends; the shared empty dict till one."""
+        self.agents_host = agents_host
+        self.depth = depth
         self.mcp_tools = mcp_tools
+        """The current tools of the runtime's MCP servers of these names (`QueryOptions.mcp_servers`)."""
         self.agent = agent
+        """A subagent's loop: its agent id and type (for its stop hooks); None for a session's own."""
         self.detach = detach
-        self._subagents: Subagents | None = None
+        """Runs a coroutine function in the runtime, detached from the query (the StopFailure hooks)."""
+        self.subagents: Subagents | None = None
         """Made for the first query that has `agents` (a session without them never has one)."""
-        self._run: Run | None = None
-        self._queued: deque[RunQuery] = deque()
+        self.running: Run | None = None
+        self.queued: deque[RunQuery] = deque()
         """Messages sent while a query runs, in order: taken in at its next turn boundary, or run after it."""
-        self._caches = SessionCaches()
+        self.caches = SessionCaches()
         """Shared by the session's queries: each one's requests build on the previous one's (its docstring)."""
 
+    # -- the helpers, spawned on first need ------------------------------------------------
+    @property
+    def budget_guard(self) -> ActorRef[BudgetGuard]:
+        """The session's BudgetGuard; where no host budget is set, spawned on first need around `ledger`."""
+        guard = self._budget_guard
+        if guard is None:
+            guard = self._budget_guard = self.supervisor.spawn(BudgetGuard, ledger=self.ledger)
+        return guard
+
+    @property
+    def compactor(self) -> ActorRef[Compactor]:
+        """The session's Compactor, spawned on first need (a session whose context never needs it has none)."""
+        compactor = self._compactor
+        if compactor is None:
+            compactor = self._compactor = self.supervisor.spawn(
+                Compactor, self._compact_provider, budget_guard=self.budget_guard, session_dir=self._session_dir
+            )
+        return compactor
+
+    @property
+    def summarizer(self) -> ActorRef[ToolUseSummarizer]:
+        """The session's ToolUseSummarizer, spawned on first need (tool-use summaries only)."""
+        summarizer = self._summarizer
+        if summarizer is None:
+            summarizer = self._summarizer = self.supervisor.spawn(
+                ToolUseSummarizer, self._summary_provider, budget_guard=self.budget_guard
+            )
+        return summarizer
+
+    # -- its messages -----------------------------------------------------------------------
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RunQuery):
             self._submit(message)
@@ -187,20 +209,19 @@ class QueryLoop(QueryLoopContext):
         return super().on_receive(message)
 
     def _submit(self, message: RunQuery) -> None:
-        if self._run is None:
-            self._run = self._new_run(message)
-            # The prompt alone: the message's other parts are the run's now, and its work holds its arguments
-            # for the whole query (one object fewer in flight a loop).
+        if self.running is None:
+            self.running = new_run(self, message)
+            # The prompt alone: the rest is the run's now, and work holds its arguments for the whole query.
             self.start_work(self._query, message.prompt, abortable=False)
         elif message.interrupt:
-            self._queued.appendleft(message)  # the session has aborted the running query: this one is next
+            self.queued.appendleft(message)  # the session has aborted the running query: this one is next
         else:
-            self._queued.append(message)  # it waits its turn (Claude Code's queued messages)
+            self.queued.append(message)  # it waits its turn (Claude Code's queued messages)
 
     def on_abort(self, reason: AbortReason) -> None:
-        run = self._run
+        run = self.running
         if run is not None:
-            # A broadcast aborts every helper in the same call (before any task runs): `_end_early` need not again.
+            # A broadcast aborts every helper in the same call (before any task runs): `end_early` need not again.
             run.helpers_aborted = True
             run.abort(reason)
             if (
@@ -208,12 +229,12 @@ class QueryLoop(QueryLoopContext):
                 and run.setup.control.abort_reason is not None
                 and not run.setup.control.decided
             ):
-                self.after_handlers(lambda: self._end_now(run))
+                self.after_handlers(lambda: end_now(self, run))
 
     def on_stop(self) -> None:
         # A message still waiting is never started now: its stream ends, without a result.
-        while self._queued:
-            left = self._queued.popleft()
+        while self.queued:
+            left = self.queued.popleft()
             left.sink.close()
             left.control.end()
         # After the work has ended: no flush is running. What a cancelled query left buffered
@@ -234,76 +255,112 @@ class QueryLoop(QueryLoopContext):
     ) -> None:
         self.on_stop()
 
-    def _with_mcp_tools(self, options: QueryOptions) -> list[Tool]:
-        """The query's tools: its own, then its MCP servers' as listed now (which replace their namesakes)."""
-        if self.mcp_tools is None:
-            msg = "QueryOptions.mcp_servers needs a session of a runtime (Runtime.open_session)"
-            raise ValueError(msg)
-        live = self.mcp_tools(options.mcp_servers)
-        names = {tool.name for tool in live}
-        return [*(tool for tool in options.tools if tool.name not in names), *live]
+    # -- emission: the conversation and transcript writer, every step's one way to the consumer --
+    async def emit(
+        self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False, record: bool = True
+    ) -> None:
+        """Send `event` to the consumer now (unless the ModelCaller has: `sent`); record a transcript message
+        in the conversation (unless `record` is False: a subagent's event, which joins neither the
+        conversation nor this log).
 
-    def _new_run(self, message: RunQuery) -> Run:
-        # The config snapshot: taken once, used by every iteration of this query.
-        options = message.options
-        tools = options.tools if not options.mcp_servers else self._with_mcp_tools(options)
-        if options.agents:
-            subagents = self._subagents
-            if subagents is None:
-                subagents = self._subagents = Subagents(self, QueryLoop, self._agents_host or AgentsHost(), self._depth)
-            agent_tool = subagents.tool_for(options)
-            if agent_tool is not None:
-                tools = [*tools, agent_tool]
-        structured = None
-        if options.output_type is not None:
-            structured = StructuredAnswer(options.output_type)
-            tools = [*tools, structured.tool()]
-        caches = self._caches
-        setup = QuerySetup(
-            options=options,
-            sink=message.sink,
-            control=message.control,
-            system=_system_prompt(options),
-            tool_schemas=[t.api_schema() for t in tools],
-            tools={t.name: t for t in tools},
-            started=time.monotonic(),
-            context_config=context_config(options),
-            context_message=caches.context_message(options.user_context),
-            prompt_uuid=message.prompt.uuid,
-            hooks=self._hooks(options),
-        )
-        return Run(setup=setup, caches=caches, model=options.model, structured=structured)
+        A tool's result (`of_turn`) can be emitted while its own response is still streaming;
+        the conversation takes it only after the response's last block (`turn.close_response`), so
+        that the stored history keeps each response whole, followed by its results.
+        """
+        if record:
+            self.keep(run, event, of_turn, sent)
+        if run.consumer_open and not sent:
+            try:
+                run.setup.sink.send_nowait(event)
+            except trio.WouldBlock:
+                # A slow consumer: wait for it, shielded, so that an abort never drops an event.
+                with trio.CancelScope(shield=True):
+                    await run.setup.sink.send(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False  # the consumer went away: that is an abort by the user
+                run.abort("user")
+        if run.budget_exceeded and run.phase < QueryPhase.ENDING:
+            raise BudgetExceeded
 
-    def _hooks(self, options: QueryOptions) -> QueryHooks | None:
-        """The query's hooks and where it runs, or None without any (then no event runs any)."""
-        if not options.hooks and not options.post_tool_use_hooks:
-            return None
-        group = self.supervisor
-        while isinstance(group, Supervisor) and group.parent is not None:
-            group = group.parent  # a subagent's hooks get its session's id, as Claude Code's do
-        path = str(self.transcript.path) if self.transcript is not None else ""
-        matchers = {event: tuple(listed) for event, listed in options.hooks.items() if listed}
-        if options.post_tool_use_hooks:  # the older form, run as PostToolUse callbacks
-            matchers["PostToolUse"] = (*matchers.get("PostToolUse", ()), legacy_matcher(options.post_tool_use_hooks))
-        return QueryHooks(matchers, group.session_id, path, self.agent)
+    def emit_now(self, run: Run, event: Event, *, of_turn: Turn | None = None, sent: bool = False) -> None:
+        """`emit` for a query's ending: never waits for the consumer (`EventChannel.push`)."""
+        self.keep(run, event, of_turn, sent)
+        if run.consumer_open and not sent:
+            try:
+                run.setup.sink.push(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                run.consumer_open = False
 
+    def keep(self, run: Run, event: Event, of_turn: Turn | None, logged: bool) -> None:
+        """What emitting `event` does to the conversation and the log (`logged`: by the ModelCaller already).
+
+        Before the event is sent: its record is buffered in the log, which the consumer's handle
+        writes before it takes an event. A held result is logged as held, at once."""
+        if isinstance(event, TRANSCRIPT_TYPES):
+            if of_turn is not None and not of_turn.response_closed:
+                if of_turn.held_results is None:
+                    of_turn.held_results = []
+                of_turn.held_results.append(event)
+                if self.transcript is not None:
+                    self.transcript.append(event, held=True)
+            elif logged:
+                self.conversation.append(event)
+            else:
+                self.record(event)
+            if type(event) is AssistantMessage:
+                run.last_message_id, run.last_text = response_text(run.last_message_id, run.last_text, event)
+        elif type(event) is TombstoneEvent:
+            self.conversation = [m for m in self.conversation if m.uuid != event.message_uuid]
+            if self.transcript is not None:
+                self.transcript.append(event)
+
+    def record(self, message: TranscriptMessage) -> None:
+        """`message` joins the conversation, and the log in the same order."""
+        self.conversation.append(message)
+        if self.transcript is not None:
+            self.transcript.append(message)
+
+    async def surface(self, run: Run, message: AssistantMessage) -> None:
+        """`emit` for the API error the query ends on (its `result` is then an error)."""
+        run.api_error_surfaced = True
+        await self.emit(run, message)
+
+    def stop_workers_soon(self) -> list[Future[Any]]:
+        """Send `Abort` to every busy helper at once (model call, tools, summary, compaction); the futures answer
+        once each one's work has unwound. The ModelCaller's task for the query is told there are no more calls
+        (it ends on its own when it runs next: the stream's end waits for it, `_query`), and is aborted only if
+        it is still in a call."""
+        run = self.running
+        workers: list[ActorRef[Any]] = [self.executor]
+        if self._summarizer is not None:
+            workers.append(self._summarizer)
+        if self._compactor is not None:
+            workers.append(self._compactor)
+        if run is None or run.calls.calling or run.calls.serving is None:
+            workers.append(self.model_caller)  # a call in flight (or work not of this query's feed)
+        if run is not None:
+            run.calls.close()  # no more calls in this query: the ModelCaller's task for it ends
+        helpers: list[TrioActorRef[Any]] = workers  # type: ignore[assignment]  # every helper is a TrioActor
+        return [helper.ask(_STOP_HELPERS, block=False) for helper in helpers if helper.busy()]
+
+    # -- the query, read in order: each step a function of its module -----------------------
     async def _query(self, prompt: UserMessage) -> None:
-        run = self._run
+        run = self.running
         assert run is not None
         try:
             self.accounts.begin_query(run.setup.options)
-            self._record(prompt)  # written first thing in `_run_loop`
+            self.record(prompt)  # written first thing in `_run_loop`
             if run.setup.options.memory_prefetch is None:
                 terminal, turns = await self._run_loop(run)
             else:
                 async with trio.open_nursery() as prefetch:
-                    prefetch.start_soon(self._prefetch_memory, run, list(self.conversation))
+                    prefetch.start_soon(prefetch_memory, self, run, list(self.conversation))
                     terminal, turns = await self._run_loop(run)
                     # Disposed on every exit path, as Claude Code's `using` does.
                     prefetch.cancel_scope.cancel()
             run.calls.close()  # no more model calls: the ModelCaller's task for this query ends when it runs
             run.setup.control.decided = True
-            if run.phase is not QueryPhase.RESULT_SENT:  # else an abort has sent it, in its own call (`_end_now`)
+            if run.phase is not QueryPhase.RESULT_SENT:  # else an abort has sent it, in its own call (`end_now`)
                 if self.transcript is not None:
                     # Before the result: a consumer that saw it can rely on the file. Past the bound for a full
                     # disk the result is the disk's error (a success must not read as "all of it is in the file");
@@ -312,19 +369,20 @@ class QueryLoop(QueryLoopContext):
                         await flush_for_room(run, self.transcript)
                     except TranscriptUnwritable as unwritable:
                         terminal = unwritable_terminal(str(unwritable))
-                totals = await self._settle(run)
-                self._send_outcome(run, terminal, terminal.turn_count or turns, totals)
-            await self._stop_workers()  # before the stream ends: then no task of the session runs
+                totals = await settle(self, run)
+                send_outcome(self, run, terminal, terminal.turn_count or turns, totals)
+            for future in self.stop_workers_soon():  # awaited before the stream ends: then no task of the session runs
+                await future
         except SessionClosed:
             # A helper could not be spawned: the session is closing, and its stop is cancelling this work.
             pass
         finally:
-            self._run = None
+            self.running = None
             run.setup.control.end()
             if run.absorbed is not None:
-                _answer_absorbed(run)
-            if self._queued:
-                self._submit(self._queued.popleft())
+                answer_absorbed(run)
+            if self.queued:
+                self._submit(self.queued.popleft())
             # The last statement: when the consumer sees the end, this work is done, and so is the
             # ModelCaller's task for the query (the stream ends when it has, if it has not yet).
             run.calls.close(then=run.setup.sink.close)
@@ -332,6 +390,8 @@ class QueryLoop(QueryLoopContext):
     async def _run_loop(self, run: Run) -> tuple[Terminal, int]:
         """The query's loop over the conversation as it is now: its end, and the turn it reached (a budget stop's
         too: the turn of the call that reached the cap)."""
+        if run.setup.setup_error is not None:  # nothing was sent: the query ends as Claude Code's turn_setup_failed
+            return Terminal(reason="turn_setup_failed", error=run.setup.setup_error), 0
         try:
             if self.transcript is not None:
                 try:  # the prompt: a kill from here on keeps it (a compaction may call a model first)
@@ -342,9 +402,9 @@ class QueryLoop(QueryLoopContext):
             # its list of messages would stay in flight for the whole query); each iteration's is the only one.
             terminal, state = await self._loop(run, initial_state(list(self.conversation)))
         except BudgetExceeded:
-            return self._end_early(run, run.turn, "max_budget_usd"), run.turn_count
+            return end_early(self, run, run.turn, "max_budget_usd"), run.turn_count
         except TranscriptUnwritable as unwritable:  # the prompt's write, one before a request, or a continue site's
-            return self._end_unwritable(run, str(unwritable)), run.turn_count
+            return end_early(self, run, run.turn, UNWRITABLE, error=str(unwritable)), run.turn_count
         return terminal, state.turn_count
 
     async def _loop(self, run: Run, state: State) -> tuple[Terminal, State]:
@@ -355,13 +415,13 @@ class QueryLoop(QueryLoopContext):
         while True:
             if state.transition is not None and self.transcript is not None:
                 await flush_for_room(run, self.transcript)  # a continue site: the turn that ended is made durable
-            messages_for_query = self._caches.boundary.after(state.messages)
-            if self._pipeline_needed(run, messages_for_query):  # sent as they are on most iterations
-                through = await self._through_pipeline(run, messages_for_query)
+            messages_for_query = self.caches.boundary.after(state.messages)
+            if pipeline_due(run, messages_for_query):  # sent as they are on most iterations
+                through = await through_pipeline(self, run, messages_for_query)
                 if isinstance(through, Terminal):  # aborted while compacting, or at the blocking limit
                     return through, state
                 messages_for_query = through
-            turn, messages_for_query = await self._model_phase(run, state, messages_for_query)
+            turn, messages_for_query = await model_phase(self, run, state, messages_for_query)
             step = await self._after_model(run, state, messages_for_query, turn)
             if isinstance(step, Terminal):
                 return step, state
@@ -380,19 +440,20 @@ class QueryLoop(QueryLoopContext):
         if run.setup.control.abort_reason is not None or ended is None:
             if run.terminal is not None:  # the abort has ended the turn already, in its own call
                 return run.terminal
-            return self._end_early(run, turn, abort_terminal(ended is not None, bool(turn.tool_ids)))
+            return end_early(self, run, turn, abort_terminal(ended is not None, bool(turn.tool_ids)))
         # The previous batch's summary was made while this call streamed: collect it now.
         if state.pending_tool_use_summary is not None:
-            await self._consume_summary(run, state.pending_tool_use_summary)
+            await consume_summary(self, run, state.pending_tool_use_summary)
         if ended.error is not None:
             if ended.withheld is None:
-                return await self._model_error(run, turn, ended.error)
-            return await self._retry_too_long(run, state, messages_for_query, turn, ended.withheld)  # the 413 cascade
-        if ended.stop_reason == "refusal":  # no fallback model took it (`_model_phase`)
-            return await self._refusal(run, turn, ended.stop_details)
+                return await model_error(self, run, turn, ended.error)
+            # the prompt-too-long cascade
+            return await retry_too_long(self, run, state, messages_for_query, turn, withheld=ended.withheld)
+        if ended.stop_reason == "refusal":  # no fallback model took it (`model_phase`)
+            return await refusal(self, run, turn, ended.stop_details)
         if ended.stop_reason == "pause_turn" and not turn.tool_ids:
             # Not an end: the server paused a long server-tool turn. No stop hooks; the response goes back.
-            return await self._continue_paused(run, state, messages_for_query, turn)
+            return await continue_paused(self, run, state, messages_for_query, turn)
         if not turn.tool_ids:
             return await self._after_final(run, state, messages_for_query, turn, ended)
         return await self._after_tool_use(run, state, messages_for_query, turn)
@@ -402,13 +463,13 @@ class QueryLoop(QueryLoopContext):
     ) -> Terminal | State:
         """A response without tool use: a cut-off one's recoveries, else the stop hooks' verdict."""
         if ended.withheld is None:
-            return await self._after_final_response(run, state, messages_for_query, turn)
+            return await after_final_response(self, run, state, messages_for_query, turn)
         # max_tokens or model_context_window_exceeded truncation
-        retried = await self._recover_cut_off(run, state, messages_for_query, turn, ended)
+        retried = await recover_cut_off(self, run, state, messages_for_query, turn, ended=ended)
         if retried is not None:
             return retried
         cut: StopFailureError = "max_output_tokens" if ended.stop_reason == "max_tokens" else "invalid_request"
-        await self._surface_failure(run, ended.withheld, cut)
+        await surface_failure(self, run, ended.withheld, cut)
         return COMPLETED  # an API error never reaches stop hooks
 
     async def _after_tool_use(
@@ -419,66 +480,22 @@ class QueryLoop(QueryLoopContext):
         if turn.prevent_continuation:
             return Terminal(reason="hook_stopped")
         if run.structured is not None:
-            answered = self._settle_answer(run, turn)
+            answered = settle_answer(run, turn)
             if answered is not None:
                 return answered
         attachments: list[TranscriptMessage] = []
-        if self._attachments_due(run):
-            attachments.extend(await self._attachments(run))
-        if self._queued:  # messages sent while the tools ran join this turn
-            attachments.extend(await self._take_in_queued(run))
+        if attachments_due(run):
+            attachments.extend(await collect_attachments(self, run))
+        if self.queued:  # messages sent while the tools ran join this turn
+            attachments.extend(await take_in_queued(self, run))
         if max_turns_reached(state.turn_count, run.setup.options.max_turns):
-            return await self._max_turns(run, state)
+            return await max_turns(self, run, state)
         state = next_turn(
             state,
             [*messages_for_query, *turn.assistant_messages, *turn.tool_results, *attachments],
-            self._start_summary(run, turn),
+            start_summary(self, run, turn),
         )
         run.transitions.append("next_turn")
-        setup = run.setup
-        if setup.options.context_collapse and collapse_may_stage(
-            state.messages, setup.context_config.limits, run.caches.token_count
-        ):
-            self.compactor.tell(StageCollapse(messages=state.messages, config=setup.context_config))
+        if run.setup.options.context_collapse:
+            stage_collapse(self, run, state)
         return state
-
-    async def _take_in_queued(self, run: Run) -> list[TranscriptMessage]:
-        """The messages waiting with this query's options, in order, taken in at this turn boundary as Claude
-        Code takes queued messages in: each joins the conversation (a `queued_message` attachment for a text
-        prompt, the user message itself for blocks), its own stream gets that event, and this query's `result`
-        answers it. A message with other options (overrides), or an interrupt, waits for a query of its own."""
-        taken: list[TranscriptMessage] = []
-        queued = self._queued
-        while queued and _joins(queued[0], run):
-            message = queued.popleft()
-            prompt = message.prompt
-            joined: TranscriptMessage = (
-                AttachmentMessage(attachment={"type": "queued_message", "content": prompt.content})
-                if type(prompt.content) is str
-                else prompt
-            )
-            await self._emit(run, joined)
-            message.sink.push(joined)
-            taken.append(joined)
-            if run.absorbed is None:
-                run.absorbed = []
-            run.absorbed.append(message)
-        return taken
-
-
-def _joins(message: RunQuery, run: Run) -> bool:
-    """Whether a waiting message may be taken into `run` (same options, not an interrupt, not aborted)."""
-    if message.interrupt or message.control.abort_reason is not None:
-        return False
-    return message.options is run.setup.options or message.options == run.setup.options
-
-
-def _answer_absorbed(run: Run) -> None:
-    """The messages `run` took in get its `result` (its terminal and transitions too), and their streams end."""
-    for message in run.absorbed or ():
-        if run.outcome is not None:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                for event in run.outcome:
-                    message.sink.push(event)
-        message.sink.close()
-        message.control.end()

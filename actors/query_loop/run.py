@@ -1,6 +1,6 @@
 """A query's context in three parts, one model call and its tools (`Turn`), and the pure helpers on them.
 
-- `QuerySetup`: what the query was configured with, fixed when it starts (`QueryLoop._new_run`) and never
+- `QuerySetup`: what the query was configured with, fixed when it starts (`intake.new_run`) and never
   changed while it runs: its options, its event sink and control, the system prompt, the tools and their
   schemas, its context limits and user context message, when it started. A frozen record.
 - `SessionCaches`: what the session's queries share, made once with the QueryLoop: the incremental views
@@ -28,6 +28,7 @@ from queryloop.runtime._records import record
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo
+from queryloop.runtime.loop.control import PermissionAsker, Permissions, PermissionUpdate
 from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, disk_error_text, retry_while_full
 from queryloop.runtime.loop.event_hooks import QueryHooks
 from queryloop.runtime.loop.events import (
@@ -111,7 +112,13 @@ class QuerySetup:
     prompt_uuid: str
     """The `uuid` of the user message that started the query: its `result`'s `user_message_uuid`."""
     hooks: QueryHooks | None
-    """The query's PreToolUse hooks and where its calls run (None without any: the executor runs none)."""
+    """The query's hooks by event, and where it runs (None without any: no event runs any)."""
+    permissions: Permissions | None
+    """The session's permission rules and mode (None: no rule, mode or `can_use_tool` decides anything)."""
+    can_use_tool: PermissionAsker | None
+    """`can_use_tool`, called with the SDK's context (`permission_asker`)."""
+    setup_error: str | None
+    """Why the query cannot start (a settings file or rule it cannot use): it ends `turn_setup_failed`."""
 
 
 _NO_CONTEXT: tuple[dict[str, str], UserMessage | None] = (EMPTY_DICT, None)
@@ -128,7 +135,7 @@ class SessionCaches:
     carry another context. What is shared is the last context and its message (`context_message`), so that
     queries with the same context head their requests with the same object."""
 
-    __slots__ = ("boundary", "normalizer", "oversized_scan", "token_count", "user_context")
+    __slots__ = ("boundary", "normalizer", "oversized_scan", "permission_updates", "token_count", "user_context")
 
     def __init__(self) -> None:
         self.normalizer = IncrementalNormalizer()
@@ -141,6 +148,8 @@ class SessionCaches:
         """What follows the conversation's last compact boundary, searched only in what is new."""
         self.user_context: tuple[dict[str, str], UserMessage | None] = _NO_CONTEXT
         """The last user context and its message, kept while queries carry the same context."""
+        self.permission_updates: list[PermissionUpdate] = []
+        """Every `Allow(updated_permissions=...)` of the session's queries: each query's permissions replay them."""
 
     def context_message(self, user_context: dict[str, str]) -> UserMessage | None:
         """The user context's message: the same object while the context is the same."""
@@ -153,8 +162,8 @@ class SessionCaches:
 
 class QueryPhase(enum.IntEnum):
     """Where a query is in its life (`Run.phase`), in order. The ending is written by one function whoever
-    reaches it first (`QueryLoopEnding._end_early`, then `_send_outcome`): the loop's task, or, where the task is
-    suspended at its turn's wait, the abort's own call (`_end_now`); the phase says which may still act."""
+    reaches it first (`ending.end_early`, then `ending.send_outcome`): the loop's task, or, where the task is
+    suspended at its turn's wait, the abort's own call (`ending.end_now`); the phase says which may still act."""
 
     RUNNING = 0
     """The loop's task runs, or awaits a step that has a cancel scope (`PhaseScope`)."""
@@ -193,7 +202,7 @@ class Run:
     autocompact_failures: int = 0
     """Autocompactions of this query that failed in a row (the Compactor's circuit breaker, per query)."""
     terminal: Terminal | None = None
-    """Set when an abort ended the query's turn in the abort's own call (`QueryLoop._end_now`)."""
+    """Set when an abort ended the query's turn in the abort's own call (`ending.end_now`)."""
     settling: TrioFuture[BudgetStatus] | None = None
     helpers_aborted: bool = False
     """An `Abort` broadcast reached this query: the helpers' work is being cancelled already."""
@@ -215,6 +224,8 @@ class Run:
     hook_errors: list[str] = field(default_factory=empty_list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own
     (`add_hook_errors`; the shared empty list until the first)."""
+    permission_denials: list[dict[str, Any]] = field(default_factory=empty_list)
+    """The calls whose permission was denied (`add_denial`): the result's `permission_denials`."""
     absorbed: list[RunQuery] | None = None
     """Messages sent while this query ran and taken in at one of its turn boundaries (`QueryLoop`): each is
     answered by this query's `result`. None until the first (most queries take none in)."""
@@ -223,6 +234,11 @@ class Run:
     disk_error: str | None = None
     """Why this query gave up on its transcript (`wait_for_room`); None while its writes succeed. Set, the
     query's later writes are tried once and never waited for, and its `result`'s `errors` name it."""
+
+    def add_denial(self, denial: dict[str, Any]) -> None:
+        if self.permission_denials is EMPTY_LIST:
+            self.permission_denials = []
+        self.permission_denials.append(denial)
 
     def add_hook_errors(self, texts: Iterable[str]) -> None:
         if self.hook_errors is EMPTY_LIST:
@@ -363,6 +379,8 @@ def accept_result(run: Run, turn: Turn, result: ToolResult) -> list[TranscriptMe
     turn.pending.discard(result.tool_use_id)
     if result.host_errors:
         run.add_hook_errors(result.host_errors)
+    if result.denial is not None:
+        run.add_denial(result.denial)
     if not result.hook_messages:
         add_tool_results(turn, (result.message,))
         return [result.message]

@@ -14,7 +14,8 @@ task of the child runs.
   executor cancels this tool's work, whose shielded ending aborts the child (if it still runs: a
   budget stop or a fallback aborts only the executor), waits for the child's query to end, and closes
   the child group. The executor acks its abort only then, and the parent's stream ends only after
-  that ack (`QueryLoop._stop_workers`): no task of any descendant runs after the parent's stream ends.
+  that ack (`QueryLoop.stop_workers_soon`, awaited by `QueryLoop._query`): no task of any descendant
+  runs after the parent's stream ends.
 * **Crashes.** A crash in a child's actor closes the child group alone (its supervisor's failure is
   its own); the tool call ends with an error result and the parent goes on.
 * **Budget.** The child's ledger reports each priced call to the parent as it is accounted
@@ -61,10 +62,9 @@ from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from queryloop.actors.query_loop.loop import QueryLoop
     from queryloop.actors.query_loop.run import Run
-    from queryloop.actors.query_loop.turn import QueryLoopTurns
     from queryloop.runtime.kernel._future import TrioFuture
-    from queryloop.runtime.kernel.actor import TrioActor
     from queryloop.runtime.loop.options import QueryOptions
 
 
@@ -128,7 +128,7 @@ def child_options(parent: QueryOptions, definition: AgentDefinition) -> QueryOpt
 class Subagents:
     """One QueryLoop's subagent calls: its queries' agent tool, and the child loop each call runs."""
 
-    def __init__(self, parent: QueryLoopTurns, loop_class: type[TrioActor], host: AgentsHost, depth: int) -> None:
+    def __init__(self, parent: QueryLoop, loop_class: type[QueryLoop], host: AgentsHost, depth: int) -> None:
         self._parent = parent
         self._loop_class = loop_class
         """The QueryLoop class (given, not imported: the loop imports this module)."""
@@ -159,7 +159,7 @@ class Subagents:
         return self._tool
 
     async def _call(self, args: AgentInput, ctx: ToolContext) -> str:
-        run = self._parent._run  # noqa: SLF001 - the tool runs inside this loop's query
+        run = self._parent.running  # the tool runs inside this loop's query
         if run is None:
             raise ToolError("the query that started this agent has ended")
         options = run.setup.options
@@ -313,7 +313,7 @@ def _write_sidechain(sidechain: SidechainLog | None) -> None:
             sidechain.write()
 
 
-def _keep_sidechain(parent: QueryLoopTurns, sidechain: Sidechain) -> None:
+def _keep_sidechain(parent: QueryLoop, sidechain: Sidechain) -> None:
     """The parent keeps a finished subagent's conversation (`sidechains`: the shared empty dict until the first)."""
     if parent.sidechains is EMPTY_DICT:
         parent.sidechains = {}

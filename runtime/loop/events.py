@@ -341,6 +341,9 @@ class ResultMessage(Event):
     """The `uuid` of every user message the query took in, in order: the one that started it, then each one
     sent while it ran and taken in at a turn boundary (`Session.query`; claude-agent-sdk's field). A message's
     answer is the result that lists its uuid."""
+    permission_denials: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Each tool call whose permission was denied (by a PreToolUse hook, a rule, the mode or `can_use_tool`), in
+    order: `tool_name`, `tool_use_id`, `tool_input` (claude-agent-sdk's field)."""
 
 
 QueryEvent = Annotated[

@@ -153,7 +153,15 @@ async def test_updated_permissions_are_kept_for_the_rest_of_the_session() -> Non
     )
     async with Runtime.open() as runtime:
         replies = [tools_reply(tool_use(f"t{i}", "Bash", {"command": "make all"})) for i in range(2)]
-        model = ScriptedModel([replies[0], replies[1], text_reply("Done."), tools_reply(tool_use("t9", "Bash", {"command": "make"})), text_reply("Again.")])
+        model = ScriptedModel(
+            [
+                replies[0],
+                replies[1],
+                text_reply("Done."),
+                tools_reply(tool_use("t9", "Bash", {"command": "make"})),
+                text_reply("Again."),
+            ]
+        )
         session = await open_session(runtime, model, tools=[scripted_tool("Bash", result="ran")], can_use_tool=asked)
         first = await consume(session, session.query("build"), model)
         second = await consume(session, session.query("build again"), model)
@@ -204,6 +212,6 @@ async def test_a_hostile_settings_file_ends_the_query_with_an_error_naming_it_an
 
 def test_permission_mode_auto_and_a_malformed_rule_are_refused_when_the_options_are_made() -> None:
     with pytest.raises(ValidationError):
-        QueryOptions(permission_mode="auto")  # type: ignore[arg-type]
+        QueryOptions(permission_mode="auto")
     with pytest.raises(ValidationError, match="allowed_tools"):
         QueryOptions(allowed_tools=["Bash(git"])

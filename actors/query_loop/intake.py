@@ -1,0 +1,172 @@
+"""What a query takes in, as steps of the `QueryLoop`: its setup when it starts (`new_run`: the options'
+snapshot, its tools, system prompt and hooks), the messages sent while it runs that join it at a turn
+boundary (`take_in_queued`), and their answer when it ends (`answer_absorbed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from queryloop.actors.compactor import context_config
+from queryloop.actors.query_loop.messages import RunQuery
+from queryloop.actors.query_loop.run import QuerySetup, Run
+from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
+from queryloop.runtime.kernel.supervisor import Supervisor
+from queryloop.runtime.loop.control import control_plane, permission_asker
+from queryloop.runtime.loop.event_hooks import QueryHooks
+from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage
+from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
+from queryloop.runtime.loop.settings import SettingsError
+from queryloop.runtime.loop.structured_output import StructuredAnswer
+from queryloop.runtime.loop.transcript import build_system_prompt
+
+if TYPE_CHECKING:
+    from queryloop.actors.query_loop.loop import QueryLoop
+    from queryloop.runtime.loop.options import QueryOptions
+    from queryloop.runtime.loop.tools import Tool
+
+
+def system_prompt(options: QueryOptions) -> list[dict[str, Any]]:
+    """The query's system prompt; without a custom, appended or context part (most sessions), one list for all."""
+    if options.system_prompt is None and not options.append_system_prompt and not options.system_context:
+        return _DEFAULT_SYSTEM
+    return build_system_prompt(
+        DEFAULT_SYSTEM_PROMPT,
+        custom=options.system_prompt,
+        append=options.append_system_prompt,
+        system_context=options.system_context,
+    )
+
+
+_DEFAULT_SYSTEM = build_system_prompt(DEFAULT_SYSTEM_PROMPT)
+"""Shared by every query with the default system prompt (read only: requests and providers never change it)."""
+
+
+def new_run(loop: QueryLoop, message: RunQuery) -> Run:
+    """The query `message` starts, its config snapshot taken once, used by every iteration."""
+    options = message.options
+    tools = options.tools if not options.mcp_servers else with_mcp_tools(loop, options)
+    if options.agents:
+        subagents = loop.subagents
+        if subagents is None:
+            subagents = loop.subagents = Subagents(loop, type(loop), loop.agents_host or AgentsHost(), loop.depth)
+        agent_tool = subagents.tool_for(options)
+        if agent_tool is not None:
+            tools = [*tools, agent_tool]
+    structured = None
+    if options.output_type is not None:
+        structured = StructuredAnswer(options.output_type)
+        tools = [*tools, structured.tool()]
+    caches = loop.caches
+    setup = QuerySetup(
+        options=options,
+        sink=message.sink,
+        control=message.control,
+        system=system_prompt(options),
+        tool_schemas=[t.api_schema() for t in tools],
+        tools={t.name: t for t in tools},
+        started=time.monotonic(),
+        context_config=context_config(options),
+        context_message=caches.context_message(options.user_context),
+        prompt_uuid=message.prompt.uuid,
+        can_use_tool=permission_asker(options.can_use_tool),
+        **control(loop, options),
+    )
+    return Run(setup=setup, caches=caches, model=options.model, structured=structured)
+
+
+def with_mcp_tools(loop: QueryLoop, options: QueryOptions) -> list[Tool]:
+    """The query's tools: its own, then its MCP servers' as listed now (which replace their namesakes)."""
+    if loop.mcp_tools is None:
+        msg = "QueryOptions.mcp_servers needs a session of a runtime (Runtime.open_session)"
+        raise ValueError(msg)
+    live = loop.mcp_tools(options.mcp_servers)
+    names = {tool.name for tool in live}
+    return [*(tool for tool in options.tools if tool.name not in names), *live]
+
+
+def control(loop: QueryLoop, options: QueryOptions) -> dict[str, Any]:
+    """The query's hooks, permissions and setup error (`QuerySetup`'s fields): from the options and the settings
+    files they name (`control_plane`); nothing is built for options that configure none of it."""
+    if not _governed(options):
+        return {"hooks": None, "permissions": None, "setup_error": None}
+    try:
+        plane = control_plane(options)
+    except (SettingsError, ValueError, TypeError) as error:  # a file in the working folder is outside input
+        loop.log.warning("query not started: {}", error)
+        return {"hooks": None, "permissions": None, "setup_error": f"Error: query not started: {error}"}
+    permissions = plane.permissions
+    updates = loop.caches.permission_updates
+    if updates:
+        permissions.apply(updates, replayed=True)
+    permissions.applied = updates  # the session's list: what this query's `can_use_tool` allows joins it
+    hooks = None
+    if plane.matchers:
+        group = loop.supervisor
+        while isinstance(group, Supervisor) and group.parent is not None:
+            group = group.parent  # a subagent's hooks get its session's id, as Claude Code's do
+        path = str(loop.transcript.path) if loop.transcript is not None else ""
+        hooks = QueryHooks(plane.matchers, group.session_id, path, loop.agent, permissions.mode, str(permissions.cwd))
+    governs = plane.governs or options.can_use_tool is not None or bool(updates)
+    return {"hooks": hooks, "permissions": permissions if governs else None, "setup_error": None}
+
+
+def _governed(options: QueryOptions) -> bool:
+    """Whether the options configure any hook, permission or settings file (most do not: nothing to build)."""
+    return bool(
+        options.hooks
+        or options.post_tool_use_hooks
+        or options.can_use_tool is not None
+        or options.allowed_tools
+        or options.disallowed_tools
+        or options.settings is not None
+        or options.setting_sources
+        or options.permission_mode is not None
+        or options.add_dirs
+    )
+
+
+async def take_in_queued(loop: QueryLoop, run: Run) -> list[TranscriptMessage]:
+    """The messages waiting with this query's options, in order, taken in at this turn boundary as Claude
+    Code takes queued messages in: each joins the conversation (a `queued_message` attachment for a text
+    prompt, the user message itself for blocks), its own stream gets that event, and this query's `result`
+    answers it. A message with other options (overrides), or an interrupt, waits for a query of its own."""
+    taken: list[TranscriptMessage] = []
+    queued = loop.queued
+    while queued and joins(queued[0], run):
+        message = queued.popleft()
+        prompt = message.prompt
+        joined: TranscriptMessage = (
+            AttachmentMessage(attachment={"type": "queued_message", "content": prompt.content})
+            if type(prompt.content) is str
+            else prompt
+        )
+        await loop.emit(run, joined)
+        message.sink.push(joined)
+        taken.append(joined)
+        if run.absorbed is None:
+            run.absorbed = []
+        run.absorbed.append(message)
+    return taken
+
+
+def joins(message: RunQuery, run: Run) -> bool:
+    """Whether a waiting message may be taken into `run` (same options, not an interrupt, not aborted)."""
+    if message.interrupt or message.control.abort_reason is not None:
+        return False
+    return message.options is run.setup.options or message.options == run.setup.options
+
+
+def answer_absorbed(run: Run) -> None:
+    """The messages `run` took in get its `result` (its terminal and transitions too), and their streams end."""
+    for message in run.absorbed or ():
+        if run.outcome is not None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                for event in run.outcome:
+                    message.sink.push(event)
+        message.sink.close()
+        message.control.end()
