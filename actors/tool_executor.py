@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import trio
 from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
@@ -51,7 +50,7 @@ from queryloop.runtime.loop.hooks import HookErrorSource, failure_text, hook_err
 from queryloop.runtime.loop.host_code import checked_permission, input_error_text
 from queryloop.runtime.loop.post_tool_use import PostToolUseVerdict, run_post_tool_use, run_post_tool_use_failure
 from queryloop.runtime.loop.pre_tool_use import deny_text, run_pre_tool_use
-from queryloop.runtime.loop.tools import Deny, Tool, ToolContext, ToolError, ToolOutput
+from queryloop.runtime.loop.tools import Deny, Tool, ToolContext, ToolError, ToolOutput, plain_output
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
 if TYPE_CHECKING:
@@ -373,24 +372,14 @@ class StreamingToolExecutor(TrioActor):
             return _failed(entry, input_error_text(error), host_error=text)
 
     def _as_json(self, name: str, output: object) -> tuple[ToolOutput, bool]:
-        """A tool's non-string output as plain JSON, or an error result naming the tool when it has none.
+        """A tool's non-string output as plain JSON (`plain_output`), or an error result naming the tool.
 
         Checked here, where the result is made, because nothing later can answer for it: the request
         that carries it would fail to serialize (a model error ending the query) and so would the
-        transcript file. Values pydantic's JSON mode knows (datetimes, sets, models…) are converted,
-        as the SDK and the transcript would convert them.
-        """
-        problem: str
-        if isinstance(output, list):
-            try:
-                plain: list[dict[str, Any]] = to_jsonable_python(output)
-                json.dumps(plain, allow_nan=False)  # NaN and infinities are not JSON: the SDK refuses them
-            except (PydanticSerializationError, TypeError, ValueError) as error:
-                problem = f"a result that is not JSON-serializable ({error})"
-            else:
-                return plain, False
-        else:
-            problem = f"a {type(output).__name__}, not a string or a list of content blocks"
+        transcript file."""
+        plain, problem = plain_output(output)
+        if plain is not None:
+            return plain, False
         self.log.warning(f"tool {name} returned {problem}")
         return tool_error(f"Error: tool {name} returned {problem}"), True
 

@@ -15,10 +15,9 @@ an early ending, `ending.end_early`: in the abort's own call where the loop wait
 (`ending.end_now`, after the abort's handlers), else in the loop's task, woken by the abort.
 
 One iteration (`_loop`): the context pipeline, the model call (fallback retries inside), then the
-decisions of `queryloop.runtime.loop.decisions` in Claude Code's check order, which give a continue site
-of `queryloop.runtime.loop.state` or a `Terminal`. Transcript messages join the conversation (and the
-transcript, before the consumer can take them: `runtime.loop.persistence`'s rule) as they are emitted;
-a full disk is waited out (`run.wait_for_room`), past its bound the query ends with an error `result`.
+decisions of `runtime.loop.decisions` in Claude Code's check order: a continue site of `runtime.loop.state`
+or a `Terminal`. Transcript messages join the conversation (and the transcript, before the consumer can take
+them: `runtime.loop.persistence`'s rule) as emitted; a full disk is waited out (`run.wait_for_room`).
 """
 
 from __future__ import annotations

@@ -399,6 +399,7 @@ def host_callback(bridge: Bridge, fn: Callable[..., Awaitable[T]]) -> Callable[.
 
     on_host.__qualname__ = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     on_host.__name__ = getattr(fn, "__name__", on_host.__qualname__)
+    on_host.__wrapped__ = fn  # type: ignore[attr-defined]  # its signature is the callback's (`can_use_tool`'s form)
     return on_host
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 import trio
 from loguru import logger
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from queryloop.runtime.errors import QueryloopError
 
@@ -430,3 +432,17 @@ CanUseTool = (
 )
 """`await can_use_tool(tool_name, input, context)` (the Agent SDK's form, `context` a `ToolPermissionContext`) or
 `await can_use_tool(tool_name, input)` for each call the permission rules leave undecided."""
+
+
+def plain_output(output: object) -> tuple[list[dict[str, Any]] | None, str]:
+    """A tool's non-string output as plain JSON content blocks, or None and what is wrong with it. Values
+    pydantic's JSON mode knows (datetimes, sets, models…) are converted, as the SDK and the transcript would
+    convert them; NaN and infinities are not JSON (the SDK refuses them)."""
+    if not isinstance(output, list):
+        return None, f"a {type(output).__name__}, not a string or a list of content blocks"
+    try:
+        plain: list[dict[str, Any]] = to_jsonable_python(output)
+        json.dumps(plain, allow_nan=False)
+    except (PydanticSerializationError, TypeError, ValueError) as error:
+        return None, f"a result that is not JSON-serializable ({error})"
+    return plain, ""

@@ -164,8 +164,9 @@ def test_result_subtype_maps_limits_and_aborts_and_everything_else_is_success() 
         "aborted_streaming": "error_during_execution",
         "aborted_tools": "error_during_execution",
         "max_structured_output_retries": "error_max_structured_output_retries",
+        "turn_setup_failed": "error_during_execution",
     }
-    assert len(ALL_REASONS) == 12
+    assert len(ALL_REASONS) == 13
     for reason in ALL_REASONS:
         assert result_subtype(reason) == expected.get(reason, "success"), reason
 
@@ -181,6 +182,7 @@ def test_result_is_error_for_errors_aborts_and_limits_only() -> None:
         "aborted_streaming",
         "aborted_tools",
         "max_structured_output_retries",
+        "turn_setup_failed",
     }
     for reason in ALL_REASONS:
         assert result_is_error(reason, api_error_surfaced=False) is (reason in errors), reason
