@@ -12,17 +12,21 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from queryloop.actors.compactor import context_config
+from queryloop.actors.query_loop.context import hook_error
 from queryloop.actors.query_loop.messages import RunQuery
-from queryloop.actors.query_loop.run import QuerySetup, Run
+from queryloop.actors.query_loop.run import PhaseScope, QuerySetup, Run
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.control import control_plane, permission_asker
-from queryloop.runtime.loop.event_hooks import QueryHooks
-from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage
+from queryloop.runtime.loop.event_hooks import QueryHooks, effect_messages
+from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.hooks import hook_error_message
 from queryloop.runtime.loop.options import DEFAULT_SYSTEM_PROMPT
 from queryloop.runtime.loop.settings import SettingsError
+from queryloop.runtime.loop.state import Terminal
 from queryloop.runtime.loop.structured_output import StructuredAnswer
 from queryloop.runtime.loop.transcript import build_system_prompt
+from queryloop.runtime.loop.turn_hooks import run_user_prompt_submit
 
 if TYPE_CHECKING:
     from queryloop.actors.query_loop.loop import QueryLoop
@@ -87,6 +91,39 @@ def with_mcp_tools(loop: QueryLoop, options: QueryOptions) -> list[Tool]:
     live = loop.mcp_tools(options.mcp_servers)
     names = {tool.name for tool in live}
     return [*(tool for tool in options.tools if tool.name not in names), *live]
+
+
+async def admit_prompt(loop: QueryLoop, run: Run, prompt: UserMessage) -> Terminal | None:
+    """The prompt joins the conversation, unless the query cannot start: its setup failed (`turn_setup_failed`),
+    or a UserPromptSubmit hook blocked it (blocked and erased, as Claude Code's: it never joins) or stopped the
+    query (`continue: false`). Their `additionalContext` follows the prompt, for the model."""
+    setup = run.setup
+    hooks = setup.hooks
+    if setup.setup_error is not None or hooks is None or not hooks.has("UserPromptSubmit"):
+        loop.record(prompt)
+        if setup.setup_error is not None:  # nothing is sent: Claude Code's turn_setup_failed
+            return Terminal(reason="turn_setup_failed", error=setup.setup_error)
+        return None
+    content = prompt.content
+    text = content if isinstance(content, str) else "".join(str(b.get("text", "")) for b in content)
+    verdict = None
+    with PhaseScope(run):  # an abort cuts the hooks: the prompt joins, and the abort ends the query as usual
+        verdict = await run_user_prompt_submit(hooks, text)
+    if verdict is None:
+        loop.record(prompt)
+        return None
+    for hook, error in verdict.read.failures:
+        loop.log.opt(exception=error).warning("UserPromptSubmit hook failed")
+        await hook_error(loop, run, hook_error_message("UserPromptSubmit", hook, error))
+    if verdict.blocks:
+        return Terminal(
+            reason="hook_stopped", error="Prompt blocked by UserPromptSubmit hook: " + "\n".join(verdict.blocks)
+        )
+    loop.record(prompt)
+    added, stop = effect_messages("UserPromptSubmit", verdict.read)
+    for message in added:
+        await loop.emit(run, message)
+    return None if stop is None else Terminal(reason="hook_stopped", error=stop)
 
 
 def control(loop: QueryLoop, options: QueryOptions) -> dict[str, Any]:

@@ -1,23 +1,16 @@
 """QueryLoop: the actor that owns the session's conversation and runs its queries, one at a time.
 
-The class is the actor alone: its messages (a `RunQuery` is started or queued, `on_abort`, `on_stop`),
-the session's state (helpers spawned on first need, the conversation, transcript, accounts, sidechains)
-and the emission every step goes through (`emit`, `emit_now`, `keep`, `record`, `surface`). A query's run
-reads in order below, `_query` → `_run_loop` → `_loop` → `_after_model` → `_after_final` /
-`_after_tool_use`, calling steps that are plain functions taking the loop and the query's `Run`
-explicitly: `intake` (setup, queued messages), `context` (the pipeline, recoveries, summaries, stop hooks,
-attachments), `turn` (the model phase) and `ending` (early endings, the outcome).
+The class is the actor alone: its messages, the session's state (helpers spawned on first need, the
+conversation, transcript, accounts, sidechains) and the emission every step goes through (`emit`,
+`emit_now`, `keep`, `record`, `surface`). A query's run reads in order below (`_query` → `_run_loop` →
+`_loop` → `_after_model` → `_after_final` / `_after_tool_use`), calling steps that are plain functions of
+`intake`, `context`, `turn` and `ending` taking the loop and the query's `Run`.
 
-A query is *non-abortable* work of this actor: an abort must not kill the loop, the loop ends the query
-itself, as Claude Code's does. `on_abort` records the reason and stops what the loop waits on: the turn
-(`Run.abort` wakes its wait on the turn channel) or the current phase's cancel scope. One function writes
-an early ending, `ending.end_early`: in the abort's own call where the loop waits on its turn
-(`ending.end_now`, after the abort's handlers), else in the loop's task, woken by the abort.
-
-One iteration (`_loop`): the context pipeline, the model call (fallback retries inside), then the
-decisions of `runtime.loop.decisions` in Claude Code's check order: a continue site of `runtime.loop.state`
-or a `Terminal`. Transcript messages join the conversation (and the transcript, before the consumer can take
-them: `runtime.loop.persistence`'s rule) as emitted; a full disk is waited out (`run.wait_for_room`).
+A query is non-abortable work of this actor: the loop ends the query itself, as Claude Code's does.
+`on_abort` records the reason and stops what the loop waits on (`Run.abort`). One function writes an early
+ending, `ending.end_early`: in the abort's own call where the loop waits on its turn (`ending.end_now`),
+else in the loop's task. Transcript messages join the conversation (and the transcript, before the consumer
+can take them: `runtime.loop.persistence`'s rule) as emitted; a full disk is waited out (`wait_for_room`).
 """
 
 from __future__ import annotations
@@ -57,7 +50,7 @@ from queryloop.actors.query_loop.ending import (
     surface_failure,
     unwritable_terminal,
 )
-from queryloop.actors.query_loop.intake import answer_absorbed, new_run, take_in_queued
+from queryloop.actors.query_loop.intake import admit_prompt, answer_absorbed, new_run, take_in_queued
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
@@ -348,8 +341,14 @@ class QueryLoop(TrioActor):
         assert run is not None
         try:
             self.accounts.begin_query(run.setup.options)
-            self.record(prompt)  # written first thing in `_run_loop`
-            if run.setup.options.memory_prefetch is None:
+            refused = None  # the prompt joins the conversation (written first thing in `_run_loop`), unless:
+            if run.setup.hooks is None and run.setup.setup_error is None:  # (most queries: nothing to ask first)
+                self.record(prompt)
+            else:
+                refused = await admit_prompt(self, run, prompt)
+            if refused is not None:
+                terminal, turns = refused, 0
+            elif run.setup.options.memory_prefetch is None:
                 terminal, turns = await self._run_loop(run)
             else:
                 async with trio.open_nursery() as prefetch:
@@ -389,8 +388,6 @@ class QueryLoop(TrioActor):
     async def _run_loop(self, run: Run) -> tuple[Terminal, int]:
         """The query's loop over the conversation as it is now: its end, and the turn it reached (a budget stop's
         too: the turn of the call that reached the cap)."""
-        if run.setup.setup_error is not None:  # nothing was sent: the query ends as Claude Code's turn_setup_failed
-            return Terminal(reason="turn_setup_failed", error=run.setup.setup_error), 0
         try:
             if self.transcript is not None:
                 try:  # the prompt: a kill from here on keeps it (a compaction may call a model first)

@@ -99,8 +99,65 @@ class PostToolUseFailureHookInput(BaseHookInput):
     agent_type: NotRequired[str]
 
 
+class UserPromptSubmitHookInput(BaseHookInput):
+    """A UserPromptSubmit callback's `input_data`: the prompt (its text) before it joins the conversation."""
+
+    hook_event_name: Literal["UserPromptSubmit"]
+    prompt: str
+
+
+class StopHookInput(BaseHookInput):
+    """A Stop callback's `input_data` (the SDK's `StopHookInput`; `queryloop.StopHookInput` is the older
+    `stop_hooks`' own input): `stop_hook_active` is true once a stop hook sent the model back in this query."""
+
+    hook_event_name: Literal["Stop"]
+    stop_hook_active: bool
+    last_assistant_message: NotRequired[str]
+
+
+class SubagentStopHookInput(BaseHookInput):
+    """A SubagentStop callback's `input_data`: a subagent's Stop, with its id, type and transcript."""
+
+    hook_event_name: Literal["SubagentStop"]
+    stop_hook_active: bool
+    agent_id: str
+    agent_transcript_path: str
+    agent_type: str
+    last_assistant_message: NotRequired[str]
+
+
+class PermissionRequestHookInput(BaseHookInput):
+    """A PermissionRequest callback's `input_data`: a call whose permission is about to be asked of the host."""
+
+    hook_event_name: Literal["PermissionRequest"]
+    tool_name: str
+    tool_input: dict[str, Any]
+    permission_suggestions: NotRequired[list[Any]]
+    agent_id: NotRequired[str]
+    agent_type: NotRequired[str]
+
+
+class NotificationHookInput(BaseHookInput):
+    """A Notification callback's `input_data`: what Claude Code would tell the user (`permission_prompt`)."""
+
+    hook_event_name: Literal["Notification"]
+    message: str
+    title: NotRequired[str]
+    notification_type: str
+
+
 # Aliases by name (`TypeAliasType`): the SDK's names, each the public name of its own object.
-HookInput = TypeAliasType("HookInput", PreToolUseHookInput | PostToolUseHookInput | PostToolUseFailureHookInput)
+HookInput = TypeAliasType(
+    "HookInput",
+    PreToolUseHookInput
+    | PostToolUseHookInput
+    | PostToolUseFailureHookInput
+    | UserPromptSubmitHookInput
+    | StopHookInput
+    | SubagentStopHookInput
+    | PermissionRequestHookInput
+    | NotificationHookInput,
+)
 """A callback's `input_data` (the SDK's union of every event's input: the events that run so far)."""
 
 

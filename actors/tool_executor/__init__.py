@@ -1,0 +1,26 @@
+"""The StreamingToolExecutor actor (`executor`), its messages (`messages`) and one call's steps around its tool
+(`calls`: hooks and permissions before, hooks after)."""
+
+from queryloop.actors.tool_executor.executor import StreamingToolExecutor
+from queryloop.actors.tool_executor.messages import (
+    AddTool,
+    BeginTurn,
+    Discard,
+    QueryAbortFlag,
+    ToolResult,
+    add_tool,
+    begin_turn,
+    tool_result,
+)
+
+__all__ = [
+    "AddTool",
+    "BeginTurn",
+    "Discard",
+    "QueryAbortFlag",
+    "StreamingToolExecutor",
+    "ToolResult",
+    "add_tool",
+    "begin_turn",
+    "tool_result",
+]
