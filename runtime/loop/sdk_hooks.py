@@ -193,9 +193,52 @@ class PostToolUseFailureHookSpecificOutput(TypedDict):
     additionalContext: NotRequired[str]
 
 
+class UserPromptSubmitHookSpecificOutput(TypedDict):
+    """`hookSpecificOutput` of a UserPromptSubmit callback's answer: `additionalContext` follows the prompt."""
+
+    hookEventName: Literal["UserPromptSubmit"]
+    additionalContext: NotRequired[str]
+
+
+class StopHookSpecificOutput(TypedDict):
+    """`hookSpecificOutput` of a Stop callback's answer: `additionalContext` sends the model back with it."""
+
+    hookEventName: Literal["Stop"]
+    additionalContext: NotRequired[str]
+
+
+class SubagentStopHookSpecificOutput(TypedDict):
+    """`hookSpecificOutput` of a SubagentStop callback's answer: as Stop's, for the subagent."""
+
+    hookEventName: Literal["SubagentStop"]
+    additionalContext: NotRequired[str]
+
+
+class PermissionRequestHookSpecificOutput(TypedDict):
+    """`hookSpecificOutput` of a PermissionRequest callback's answer: `decision`, `{"behavior": "allow",
+    "updatedInput": {...}}` or `{"behavior": "deny", "message": "...", "interrupt": False}`."""
+
+    hookEventName: Literal["PermissionRequest"]
+    decision: dict[str, Any]
+
+
+class NotificationHookSpecificOutput(TypedDict):
+    """`hookSpecificOutput` of a Notification callback's answer (nothing here decides anything)."""
+
+    hookEventName: Literal["Notification"]
+    additionalContext: NotRequired[str]
+
+
 HookSpecificOutput = TypeAliasType(
     "HookSpecificOutput",
-    PreToolUseHookSpecificOutput | PostToolUseHookSpecificOutput | PostToolUseFailureHookSpecificOutput,
+    PreToolUseHookSpecificOutput
+    | PostToolUseHookSpecificOutput
+    | PostToolUseFailureHookSpecificOutput
+    | UserPromptSubmitHookSpecificOutput
+    | StopHookSpecificOutput
+    | SubagentStopHookSpecificOutput
+    | PermissionRequestHookSpecificOutput
+    | NotificationHookSpecificOutput,
 )
 """`hookSpecificOutput`, by event."""
 
