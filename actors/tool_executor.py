@@ -41,6 +41,7 @@ import trio
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from queryloop.runtime import telemetry
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
@@ -219,7 +220,8 @@ class StreamingToolExecutor(TrioActor):
     # -- running one tool -------------------------------------------------------------------
 
     async def _execute(self, entry: _Entry, turn: BeginTurn) -> None:
-        result = await self._run(entry, turn)
+        run = self._run(entry, turn)  # in its query's context while telemetry is on (its hooks' spans nest there)
+        result = await (run if telemetry.active is None else telemetry.active.in_query(turn.control, run))
         if entry.status != "executing":
             return  # discarded meanwhile
         entry.status = "delivered"
@@ -239,7 +241,8 @@ class StreamingToolExecutor(TrioActor):
             return admitted
         raw_input, args = admitted
         started = time.monotonic()
-        output, is_error = await self._call(entry, tool, args, turn)
+        call = self._call(entry, tool, args, turn)  # in its `execute_tool` span while telemetry is on
+        output, is_error = await (call if telemetry.active is None else telemetry.active.tool(tool, entry.id, call))
         tool_use_id = entry.id
         hooks = turn.hooks
         if hooks is not None and hooks.has("PostToolUseFailure" if is_error else "PostToolUse"):
