@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from queryloop.actors.tool_executor import BeginTurn, add_tool
+from queryloop.runtime import telemetry
 from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.kernel.flow import EventChannel
@@ -369,6 +370,8 @@ class ModelCaller(TrioActor):
         request = tries.request
         assembler = ResponseAssembler()
         stream = self.provider.stream(request)
+        if telemetry.active is not None:  # the request's `chat` span, seeing its events (docs/telemetry.md)
+            stream = telemetry.active.chat_stream(stream, request, call.turn.control)
         held: list[Any] = []
         try:  # `aclosing` written out: two coroutines fewer per request
             events, progress = call.events, call.progress

@@ -1,12 +1,13 @@
-"""QueryLoop: owns the loop `State` and the session's conversation; runs queries as Claude Code's query loop does.
+"""QueryLoop: owns the session's conversation; runs queries as Claude Code's query loop does.
 
-One actor in four layers, each a module: `loop` (the actor's API and the `while True` of a query, in
-Claude Code's check order), `context` (the steps around the model call: compaction, recoveries,
-summaries, the token budget, stop hooks), `ending` (aborts, synthetic results, the outcome) and `turn`
-(the model call, the dispatch of its stream and its tools' results, emission). `messages` declares
-what it receives and sends; `run` the per-query context the layers share. The layers import one
-another one way (`loop` → `context` → `ending` → `turn` → `run` → `messages`), and, like every
-actor, only `queryloop.runtime.kernel` and `queryloop.runtime.loop` besides the other actors.
+One actor class (`loop`: its messages, the session's state, the emission every step goes through, and a
+query's run read top to bottom) and the query's steps as plain functions taking the loop and the query's
+`Run`: `intake` (setup, the control plane, the prompt, queued messages), `context` (compaction,
+recoveries, summaries, the token budget, stop hooks), `turn` (the model call and the dispatch of its
+stream and tools' results) and `ending` (early endings, the outcome). `messages` declares what it receives
+and sends; `run` the per-query state the steps share; `subagent` the Agent tool. The steps import `loop`
+only for its type; like every actor, the package imports only `queryloop.runtime` (the kernel, the loop's
+pure modules, telemetry) besides the other actors.
 """
 
 from queryloop.actors.query_loop.loop import QueryLoop

@@ -21,6 +21,7 @@ from queryloop.actors.budget_guard import BudgetStatus
 from queryloop.actors.query_loop.messages import Settled
 from queryloop.actors.query_loop.run import QueryPhase, Run, Turn, add_tool_results
 from queryloop.actors.query_loop.turn import close_response, drain_in_ending
+from queryloop.runtime import telemetry
 from queryloop.runtime.loop.decisions import abort_terminal, result_is_error, result_subtype
 from queryloop.runtime.loop.disk import disk_error_text
 from queryloop.runtime.loop.events import (
@@ -259,6 +260,10 @@ def send_outcome(loop: QueryLoop, run: Run, terminal: Terminal, turn_count: int,
             run.consumer_open = False
     loop.emit_now(run, result)
     run.outcome = (settled, result)
+    if run.span is not None:  # telemetry is on: the query's span ends with its result
+        telemetry.query_span_end(
+            run.span, reason, cost_usd=run.cost_usd, is_error=result.is_error, error=terminal.error
+        )
     run.phase = QueryPhase.RESULT_SENT
 
 

@@ -16,6 +16,7 @@ from queryloop.actors.query_loop.context import hook_error
 from queryloop.actors.query_loop.messages import RunQuery
 from queryloop.actors.query_loop.run import PhaseScope, QuerySetup, Run
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
+from queryloop.runtime import telemetry
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.control import control_plane, permission_asker
 from queryloop.runtime.loop.event_hooks import QueryHooks, effect_messages
@@ -126,6 +127,22 @@ async def admit_prompt(loop: QueryLoop, run: Run, prompt: UserMessage) -> Termin
     return None if stop is None else Terminal(reason="hook_stopped", error=stop)
 
 
+def session_id(loop: QueryLoop) -> str:
+    """The session's id: a subagent's loop gets its session's, as Claude Code's hooks and spans do."""
+    group = loop.supervisor
+    while isinstance(group, Supervisor) and group.parent is not None:
+        group = group.parent
+    return group.session_id
+
+
+def query_span(loop: QueryLoop, run: Run) -> telemetry.QuerySpan | None:
+    """The query's `invoke_agent` span, started in its own task while telemetry is on (docs/telemetry.md)."""
+    agent_id, agent_type = loop.agent or (None, None)
+    return telemetry.query_span_start(
+        run.setup.control, session_id=session_id(loop), model=run.model, agent_name=agent_type, agent_id=agent_id
+    )
+
+
 def control(loop: QueryLoop, options: QueryOptions) -> dict[str, Any]:
     """The query's hooks, permissions and setup error (`QuerySetup`'s fields): from the options and the settings
     files they name (`control_plane`); nothing is built for options that configure none of it."""
@@ -143,11 +160,8 @@ def control(loop: QueryLoop, options: QueryOptions) -> dict[str, Any]:
     permissions.applied = updates  # the session's list: what this query's `can_use_tool` allows joins it
     hooks = None
     if plane.matchers:
-        group = loop.supervisor
-        while isinstance(group, Supervisor) and group.parent is not None:
-            group = group.parent  # a subagent's hooks get its session's id, as Claude Code's do
         path = str(loop.transcript.path) if loop.transcript is not None else ""
-        hooks = QueryHooks(plane.matchers, group.session_id, path, loop.agent, permissions.mode, str(permissions.cwd))
+        hooks = QueryHooks(plane.matchers, session_id(loop), path, loop.agent, permissions.mode, str(permissions.cwd))
     governs = plane.governs or options.can_use_tool is not None or bool(updates)
     return {"hooks": hooks, "permissions": permissions if governs else None, "setup_error": None}
 

@@ -50,7 +50,7 @@ from queryloop.actors.query_loop.ending import (
     surface_failure,
     unwritable_terminal,
 )
-from queryloop.actors.query_loop.intake import admit_prompt, answer_absorbed, new_run, take_in_queued
+from queryloop.actors.query_loop.intake import admit_prompt, answer_absorbed, new_run, query_span, take_in_queued
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
@@ -66,6 +66,7 @@ from queryloop.actors.query_loop.run import (
 from queryloop.actors.query_loop.subagent import Subagents
 from queryloop.actors.query_loop.turn import model_phase
 from queryloop.actors.summarizer import ToolUseSummarizer
+from queryloop.runtime import telemetry
 from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.actor import TrioActor, TrioActorRef
@@ -340,6 +341,8 @@ class QueryLoop(TrioActor):
         run = self.running
         assert run is not None
         try:
+            if telemetry.active is not None:  # the query's `invoke_agent` span, current in this task (its hooks nest)
+                run.span = query_span(self, run)
             self.accounts.begin_query(run.setup.options)
             refused = None  # the prompt joins the conversation (written first thing in `_run_loop`), unless:
             if run.setup.hooks is None and run.setup.setup_error is None:  # (most queries: nothing to ask first)

@@ -23,6 +23,7 @@ from queryloop.actors.compactor import ContextConfig
 from queryloop.actors.model_caller import CallEnded, CallFeed, CallProgress
 from queryloop.actors.query_loop.messages import QueryControl, RunQuery, Settled
 from queryloop.actors.tool_executor import ToolResult
+from queryloop.runtime import telemetry
 from queryloop.runtime._frozen import EMPTY_DICT, EMPTY_LIST, empty_list, empty_set
 from queryloop.runtime._records import record
 from queryloop.runtime.kernel.flow import EventChannel
@@ -224,6 +225,8 @@ class Run:
     hook_errors: list[str] = field(default_factory=empty_list)
     """The text of every hook error of this query, in order: the `result`'s `errors` after its ending's own
     (`add_hook_errors`; the shared empty list until the first)."""
+    span: telemetry.QuerySpan | None = None
+    """The query's `invoke_agent` span while telemetry is on (`runtime.telemetry`)."""
     permission_denials: list[dict[str, Any]] = field(default_factory=empty_list)
     """The calls whose permission was denied (`add_denial`): the result's `permission_denials`."""
     absorbed: list[RunQuery] | None = None

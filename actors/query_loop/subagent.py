@@ -44,6 +44,7 @@ from queryloop.actors.compactor import SESSION_DIR
 from queryloop.actors.model_caller import ModelCaller
 from queryloop.actors.query_loop.messages import Forwarded, GetConversation, QueryControl, RunQuery
 from queryloop.actors.tool_executor import StreamingToolExecutor
+from queryloop.runtime import telemetry
 from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.supervisor import Supervisor
@@ -61,6 +62,8 @@ from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from pykka import ActorRef
 
     from queryloop.actors.query_loop.loop import QueryLoop
     from queryloop.actors.query_loop.run import Run
@@ -241,7 +244,9 @@ class Subagents:
                 agent=(agent_id, args.subagent_type),
                 detach=self._parent.detach,
             )
-            loop.tell(RunQuery(prompt=UserMessage(content=args.prompt), options=options, sink=events, control=control))
+            _start(
+                loop, RunQuery(prompt=UserMessage(content=args.prompt), options=options, sink=events, control=control)
+            )
             handed_over = True
             result = await _relay(events, channel, tool_use_id)
             if child.failure is not None:
@@ -311,6 +316,12 @@ def _write_sidechain(sidechain: SidechainLog | None) -> None:
     if sidechain is not None:
         with contextlib.suppress(OSError):
             sidechain.write()
+
+
+def _start(loop: ActorRef[Any], message: RunQuery) -> None:
+    """The child's query is sent; its span (while telemetry is on) is this Agent call's child."""
+    telemetry.subagent_submitted(message.control)
+    loop.tell(message)
 
 
 def _keep_sidechain(parent: QueryLoop, sidechain: Sidechain) -> None:

@@ -41,6 +41,7 @@ from queryloop.actors.tool_executor.messages import (
     tool_result,
     with_stop,
 )
+from queryloop.runtime import telemetry
 from queryloop.runtime.kernel.actor import TrioActor
 from queryloop.runtime.loop.hooks import failure_text
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError, ToolOutput
@@ -116,7 +117,8 @@ class StreamingToolExecutor(TrioActor):
     # -- running one tool -------------------------------------------------------------------
 
     async def _execute(self, entry: CallEntry, turn: BeginTurn) -> None:
-        result = await self._run(entry, turn)
+        run = self._run(entry, turn)  # in its query's context while telemetry is on (its hooks' spans nest there)
+        result = await (run if telemetry.active is None else telemetry.active.in_query(turn.control, run))
         if entry.status != "executing":
             return  # discarded meanwhile
         entry.status = "delivered"
@@ -136,7 +138,10 @@ class StreamingToolExecutor(TrioActor):
             return call
         raw_input, args = call
         started = time.monotonic()
-        output, is_error = await self._call(entry, tool, args, turn)
+        call_work = self._call(entry, tool, args, turn)  # in its `execute_tool` span while telemetry is on
+        output, is_error = await (
+            call_work if telemetry.active is None else telemetry.active.tool(tool, entry.id, call_work)
+        )
         tool_use_id = entry.id
         hooks = turn.hooks
         if hooks is not None and hooks.has("PostToolUseFailure" if is_error else "PostToolUse"):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Self
 import trio
 
 from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, RunQuery, Settled
+from queryloop.runtime import telemetry
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, is_disk_full, retry_while_full
@@ -342,6 +343,7 @@ class Session:
             self.abort_nowait("interrupt")
         events: EventChannel[Any] = EventChannel(options.event_buffer)
         control = QueryControl()
+        telemetry.query_submitted(control)  # on or off for this query; its spans' parent: the host's current span
         handle = QueryHandle(self, events, control, self._transcript)
         if interrupting:
             self._pending.insert(1, (control, events))  # next, after the interrupted one

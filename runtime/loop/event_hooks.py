@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import trio
 
+from queryloop.runtime import telemetry
 from queryloop.runtime.loop.events import AttachmentMessage
 from queryloop.runtime.loop.hook_matching import matcher_matches
 from queryloop.runtime.loop.host_code import HostCodeError, checked_field, checked_hook_output
@@ -118,9 +119,10 @@ async def run_hooks(
         except Exception as error:  # noqa: BLE001 - a failing hook is a non-blocking error, as in Claude Code
             answers[index] = error
 
-    async with trio.open_nursery() as nursery:
-        for index, (callback, timeout_s) in enumerate(callbacks):
-            nursery.start_soon(call, index, callback, timeout_s)
+    with telemetry.hook_span(event, len(callbacks)):  # the run's span while telemetry is on (the callbacks' parent)
+        async with trio.open_nursery() as nursery:
+            for index, (callback, timeout_s) in enumerate(callbacks):
+                nursery.start_soon(call, index, callback, timeout_s)
     return HookAnswers(
         tuple(
             (callback, answer)
