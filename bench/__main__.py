@@ -1,4 +1,4 @@
-"""`python -m bench kernel | loops | abort | scale | stream | agents | ray | instructions`: ratios to an in-run
+"""`python -m bench kernel | loops | abort | scale | stream | agents | ray | instructions | hooks`: ratios to an in-run
 baseline, JSON last. `python -m bench durability`: counts of what SIGKILLs at random moments lost (none, or a bug).
 `python -m bench tricks`: which of the hot path's speed and memory tricks still hold (all, or a regression).
 
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from bench import abort, agents, durability, instructions, kernel, loops, ray_shards, scale, stream, tricks
+from bench import abort, agents, durability, hooks, instructions, kernel, loops, ray_shards, scale, stream, tricks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         "durability": durability,
         "instructions": instructions,
         "tricks": tricks,
+        "hooks": hooks,
     }
     for name, module in modules.items():
         doc = module.__doc__ or ""

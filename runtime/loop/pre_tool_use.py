@@ -15,7 +15,6 @@ timeout, a failing one a non-blocking hook error).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -112,7 +111,7 @@ async def run_pre_tool_use(
     hooks: QueryHooks, tool_name: str, tool_use_id: str, tool_input: dict[str, Any]
 ) -> PreToolUseVerdict:
     """Run the PreToolUse callbacks that select `tool_name`, all at once, and add up their answers."""
-    fields = {"tool_name": tool_name, "tool_input": copy.deepcopy(tool_input), "tool_use_id": tool_use_id}
+    fields = {"tool_name": tool_name, "tool_input": tool_input, "tool_use_id": tool_use_id}  # each hook gets a copy
     answers = await run_hooks(hooks, "PreToolUse", tool_name, fields, tool_use_id)
     if not answers.outputs and not answers.failures:
         return NO_VERDICT
