@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared, StageCollapse
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded
 from queryloop.actors.query_loop.ending import end_early, model_error, surface_failure
+from queryloop.actors.query_loop.lifecycle import after_compaction, hooked_compaction, pre_compact_allows
 from queryloop.actors.query_loop.run import PendingSummary, PhaseScope, Run, Turn
 from queryloop.actors.summarizer import Summarize
 from queryloop.runtime.errors import WorkCancelled
@@ -247,11 +248,14 @@ async def through_pipeline(
     """`messages` through the Compactor's pipeline (`pipeline_due`): the messages to send, or how the
     query ends (aborted while compacting; the blocking limit)."""
     prepared = await prepare_context(loop, run, messages)
+    if prepared is not None and prepared.compact_due:  # deferred: the query's PreCompact hooks decide first
+        prepared = await hooked_compaction(loop, run, prepared)
     if prepared is None:
         return end_early(loop, run, None, "aborted_streaming")
     if prepared.compacted is not None:
         run.autocompact_failures = 0
-        messages = await install_compaction(loop, run, prepared.compacted, prepared.pre_compact_tokens)
+        compacted = await install_compaction(loop, run, prepared.compacted, prepared.pre_compact_tokens)
+        messages = messages_after_compact_boundary(compacted)
     else:
         run.autocompact_failures += prepared.autocompact_failed
         messages = prepared.messages
@@ -266,8 +270,12 @@ async def prepare_context(loop: QueryLoop, run: Run, messages: list[TranscriptMe
     answer: Prepared | None = None
     with PhaseScope(run):
         try:
+            hooks = run.setup.hooks
             prepare = Prepare(
-                messages=messages, config=run.setup.context_config, autocompact_failures=run.autocompact_failures
+                messages=messages,
+                config=run.setup.context_config,
+                autocompact_failures=run.autocompact_failures,
+                defer_compact=hooks is not None and hooks.has("PreCompact"),
             )
             answer = await loop.compactor.ask(prepare, block=False)
         except WorkCancelled:
@@ -278,13 +286,17 @@ async def prepare_context(loop: QueryLoop, run: Run, messages: list[TranscriptMe
 async def install_compaction(
     loop: QueryLoop, run: Run, compacted: list[TranscriptMessage], pre_tokens: int
 ) -> list[TranscriptMessage]:
+    """The compaction's messages join the conversation, then what its SessionStart and PostCompact hooks add:
+    all of them, the boundary first."""
     for message in compacted:
         await loop.emit(run, message)
+    if run.setup.hooks is not None:
+        compacted = await after_compaction(loop, run, run.setup.hooks, compacted)
     total = run.setup.options.task_budget
     if total is not None:  # loop-local, updated on compaction only
         remaining = run.task_budget_remaining if run.task_budget_remaining is not None else total
         run.task_budget_remaining = max(0, remaining - pre_tokens)
-    return messages_after_compact_boundary(compacted)
+    return compacted
 
 
 async def recover_prompt_too_long(
@@ -298,7 +310,11 @@ async def recover_prompt_too_long(
         if drained.committed > 0:
             run.transitions.append("collapse_drain_retry")
             return collapse_drain_retry(state, drained.messages, drained.committed)
-    if options.reactive_compact and not state.has_attempted_reactive_compact:
+    if (
+        options.reactive_compact
+        and not state.has_attempted_reactive_compact
+        and (run.setup.hooks is None or await pre_compact_allows(loop, run))  # a PreCompact block fails the recovery
+    ):
         compacted: Compacted | None = None
         with PhaseScope(run):
             try:
@@ -310,9 +326,9 @@ async def recover_prompt_too_long(
                 compacted = None
         if compacted is not None and run.setup.control.abort_reason is None:
             run.autocompact_failures = 0  # the seed resets `autoCompactTracking` here
-            await install_compaction(loop, run, compacted.messages, compacted.pre_tokens)
+            installed = await install_compaction(loop, run, compacted.messages, compacted.pre_tokens)
             run.transitions.append("reactive_compact_retry")
-            return reactive_compact_retry(state, compacted.messages)
+            return reactive_compact_retry(state, installed)
     return None
 
 

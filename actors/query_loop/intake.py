@@ -74,6 +74,7 @@ def new_run(loop: QueryLoop, message: RunQuery) -> Run:
         context_message=caches.context_message(options.user_context),
         prompt_uuid=message.prompt.uuid,
         can_use_tool=permission_asker(options.can_use_tool),
+        opening=message.opening,
         **control(loop, options),
     )
     return Run(setup=setup, caches=caches, model=options.model, structured=structured)

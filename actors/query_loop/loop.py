@@ -58,6 +58,7 @@ from queryloop.actors.query_loop.ending import (
     unwritable_terminal,
 )
 from queryloop.actors.query_loop.intake import answer_absorbed, new_run, take_in_queued
+from queryloop.actors.query_loop.lifecycle import open_with_hooks, session_end
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
@@ -85,7 +86,6 @@ from queryloop.runtime.loop.transcript import response_text
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from pathlib import Path
-    from types import TracebackType
 
     from pykka import ActorRef, Future
 
@@ -164,7 +164,7 @@ class QueryLoop(TrioActor):
         self.running: Run | None = None
         self.queued: deque[RunQuery] = deque()
         """Messages sent while a query runs, in order: taken in at its next turn boundary, or run after it."""
-        self.caches = SessionCaches()
+        self.caches = SessionCaches(len(self.conversation))
         """Shared by the session's queries: each one's requests build on the previous one's (its docstring)."""
 
     # -- the helpers, spawned on first need ------------------------------------------------
@@ -245,13 +245,9 @@ class QueryLoop(TrioActor):
                 # Closed all the same. A session's log then raises EIO at every later write, so its handle tells
                 # a consumer what the file lacks; a subagent's (a sidechain) leaves the records to its parent's log.
                 self.log.warning("transcript {} closed with records unwritten: {}", self.transcript.path, error)
+        session_end(self)  # the SessionEnd hooks, detached
 
-    def on_failure(
-        self,
-        exception_type: type[BaseException] | None,
-        exception_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def on_failure(self, *exc_info: object) -> None:
         self.on_stop()
 
     # -- emission: the conversation and transcript writer, every step's one way to the consumer --
@@ -348,7 +344,11 @@ class QueryLoop(TrioActor):
         assert run is not None
         try:
             self.accounts.begin_query(run.setup.options)
-            self.record(prompt)  # written first thing in `_run_loop`
+            self.caches.hooks = hooks = run.setup.hooks  # the last query's: the session's SessionEnd hooks
+            if hooks is None:
+                self.record(prompt)  # written first thing in `_run_loop`
+            else:  # SessionStart's context before it (a session's first query), SubagentStart's after it
+                await open_with_hooks(self, run, hooks, prompt)
             if run.setup.options.memory_prefetch is None:
                 terminal, turns = await self._run_loop(run)
             else:
