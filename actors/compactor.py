@@ -177,6 +177,8 @@ class Prepare(CarrierMessage):
     config: ContextConfig
     autocompact_failures: int = 0
     """The query's autocompactions that failed in a row so far (`MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES`)."""
+    defer_compact: bool = False
+    """A due autocompaction is not run but said (`Prepared.compact_due`): the query's PreCompact hooks decide it."""
 
 
 @record
@@ -190,6 +192,9 @@ class Prepared(CarrierMessage):
     autocompact_failed: bool = False
     """An autocompaction was due and its call failed (the query counts it toward the circuit breaker)."""
     blocking: bool = False
+    compact_due: bool = False
+    """An autocompaction is due and was deferred (`Prepare.defer_compact`): `messages` and `blocking` are what
+    they are without one; the query asks for it (`Compact`) once its PreCompact hooks let it."""
 
 
 @record
@@ -315,13 +320,14 @@ class Compactor(TrioActor):
         if token_warning_state(tokens, limits).above_warning:
             messages, _ = microcompact(messages, config.microcompact_keep_recent)
             tokens = token_count_with_estimation(messages)
-        failed = False
+        failed = due = False
         if (
             config.auto_compact
             and token_warning_state(tokens, limits).above_autocompact
             and request.autocompact_failures < MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES
         ):
-            compacted = await self._compact(messages, config, "auto")
+            due = request.defer_compact
+            compacted = None if due else await self._compact(messages, config, "auto")
             if compacted is not None:
                 return Prepared(
                     messages=compacted.messages,
@@ -330,12 +336,17 @@ class Compactor(TrioActor):
                     pre_compact_tokens=compacted.pre_tokens,
                     snip_tokens_freed=snip_freed,
                 )
-            failed = True
+            failed = not due
         blocking_check = not (config.reactive_compact and config.auto_compact)
         # Claude Code counts what snip freed as gone before it checks the limit.
         blocking = blocking_check and token_warning_state(tokens - snip_freed, limits).at_blocking_limit
         return Prepared(
-            messages=messages, tokens=tokens, snip_tokens_freed=snip_freed, blocking=blocking, autocompact_failed=failed
+            messages=messages,
+            tokens=tokens,
+            snip_tokens_freed=snip_freed,
+            blocking=blocking,
+            autocompact_failed=failed,
+            compact_due=due,
         )
 
     async def _compact(

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
     from queryloop.runtime.loop.model import ModelRequest
+    from queryloop.runtime.loop.stream import SeenResponse
 
 
 T = TypeVar("T")
@@ -335,42 +336,34 @@ class Telemetry:
         """The provider's `stream`, passed through as it is, in the request's `chat` span: the span ends with the
         response's model, finish reason and usage, or with the failure (`error.type`: a `ModelError`'s kind, or
         `connection` for a stream that ended before `message_stop`, `_OTHER` for one closed before it)."""
-        from queryloop.runtime.loop.events import Usage
-        from queryloop.runtime.loop.stream import usage_from
-
         chat = self.chat_start(request, control)
-        usage, stop_reason, stopped, response = Usage(), None, False, {}
+        from queryloop.runtime.loop.stream import SeenResponse
+
+        seen = SeenResponse()
         try:
             async for raw in stream:
-                kind = raw.get("type") if raw.__class__ is dict else None
-                try:  # a malformed event is let through: the ModelCaller raises its own error for it
-                    if kind == "message_start":
-                        response = raw["message"]
-                        usage = usage_from(response.get("usage") or {}, usage)
-                    elif kind == "message_delta":
-                        stop_reason = raw["delta"].get("stop_reason") or stop_reason
-                        usage = usage_from(raw.get("usage") or {}, usage)
-                    elif kind == "message_stop":
-                        stopped = True
-                except (AttributeError, KeyError, TypeError, ValueError):
-                    pass
+                seen.see(raw)
                 yield raw
         except BaseException as error:
-            self.chat_failed(chat, None if isinstance(error, GeneratorExit) and not stopped else error)
+            self.chat_failed(chat, None if isinstance(error, GeneratorExit) and not seen.stopped else error)
             raise
         finally:
             await stream.aclose()
-        if not stopped:
+        if not seen.stopped:
             self.chat_failed(chat, None, "connection")
             return
-        span = chat.span
+        self.chat_done(chat, seen)
+
+    def chat_done(self, chat: ChatSpan, seen: SeenResponse) -> None:
+        """End a call's span with what its response said (model, id, finish reason, usage) and record its metrics."""
+        span, response, usage = chat.span, seen.response, seen.usage
         model = response.get("model") or None
         if model:
             span.set_attribute("gen_ai.response.model", model)
         if response.get("id"):
             span.set_attribute("gen_ai.response.id", response["id"])
-        if stop_reason is not None:
-            span.set_attribute("gen_ai.response.finish_reasons", [stop_reason])
+        if seen.stop_reason is not None:
+            span.set_attribute("gen_ai.response.finish_reasons", [seen.stop_reason])
         counts = (
             ("input", "gen_ai.usage.input_tokens", usage.input_tokens),
             ("output", "gen_ai.usage.output_tokens", usage.output_tokens),

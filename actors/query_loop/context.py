@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from queryloop.actors.compactor import Compact, Compacted, DrainCollapses, Drained, Prepare, Prepared, StageCollapse
 from queryloop.actors.model_caller import PROMPT_TOO_LONG_ERROR_MESSAGE, CallEnded
 from queryloop.actors.query_loop.ending import end_early, model_error, surface_failure
+from queryloop.actors.query_loop.lifecycle import after_compaction, hooked_compaction, pre_compact_allows
 from queryloop.actors.query_loop.run import PendingSummary, PhaseScope, Run, Turn
+from queryloop.actors.query_loop.stopping import hook_error, stop_hooks
 from queryloop.actors.summarizer import Summarize
 from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.loop.context import collapse_may_stage, pipeline_needed
@@ -35,12 +37,10 @@ from queryloop.runtime.loop.events import (
 )
 from queryloop.runtime.loop.hooks import (
     STOP_HOOK_FEEDBACK,
-    HookErrorSource,
-    StopHookInput,
     hook_error_message,
     stop_hook_block_cap_message,
 )
-from queryloop.runtime.loop.host_code import checked_attachments, checked_hook_decision, checked_memory
+from queryloop.runtime.loop.host_code import checked_attachments, checked_memory
 from queryloop.runtime.loop.model import ModelError
 from queryloop.runtime.loop.state import (
     COMPLETED,
@@ -63,7 +63,6 @@ from queryloop.runtime.loop.structured_output import (
     exhausted_text,
 )
 from queryloop.runtime.loop.transcript import messages_after_compact_boundary
-from queryloop.runtime.loop.turn_hooks import run_stop
 
 if TYPE_CHECKING:
     from queryloop.actors.query_loop.loop import QueryLoop
@@ -248,11 +247,14 @@ async def through_pipeline(
     """`messages` through the Compactor's pipeline (`pipeline_due`): the messages to send, or how the
     query ends (aborted while compacting; the blocking limit)."""
     prepared = await prepare_context(loop, run, messages)
+    if prepared is not None and prepared.compact_due:  # deferred: the query's PreCompact hooks decide first
+        prepared = await hooked_compaction(loop, run, prepared)
     if prepared is None:
         return end_early(loop, run, None, "aborted_streaming")
     if prepared.compacted is not None:
         run.autocompact_failures = 0
-        messages = await install_compaction(loop, run, prepared.compacted, prepared.pre_compact_tokens)
+        compacted = await install_compaction(loop, run, prepared.compacted, prepared.pre_compact_tokens)
+        messages = messages_after_compact_boundary(compacted)
     else:
         run.autocompact_failures += prepared.autocompact_failed
         messages = prepared.messages
@@ -267,8 +269,12 @@ async def prepare_context(loop: QueryLoop, run: Run, messages: list[TranscriptMe
     answer: Prepared | None = None
     with PhaseScope(run):
         try:
+            hooks = run.setup.hooks
             prepare = Prepare(
-                messages=messages, config=run.setup.context_config, autocompact_failures=run.autocompact_failures
+                messages=messages,
+                config=run.setup.context_config,
+                autocompact_failures=run.autocompact_failures,
+                defer_compact=hooks is not None and hooks.has("PreCompact"),
             )
             answer = await loop.compactor.ask(prepare, block=False)
         except WorkCancelled:
@@ -279,13 +285,17 @@ async def prepare_context(loop: QueryLoop, run: Run, messages: list[TranscriptMe
 async def install_compaction(
     loop: QueryLoop, run: Run, compacted: list[TranscriptMessage], pre_tokens: int
 ) -> list[TranscriptMessage]:
+    """The compaction's messages join the conversation, then what its SessionStart and PostCompact hooks add:
+    all of them, the boundary first."""
     for message in compacted:
         await loop.emit(run, message)
+    if run.setup.hooks is not None:
+        compacted = await after_compaction(loop, run, run.setup.hooks, compacted)
     total = run.setup.options.task_budget
     if total is not None:  # loop-local, updated on compaction only
         remaining = run.task_budget_remaining if run.task_budget_remaining is not None else total
         run.task_budget_remaining = max(0, remaining - pre_tokens)
-    return messages_after_compact_boundary(compacted)
+    return compacted
 
 
 async def recover_prompt_too_long(
@@ -299,7 +309,11 @@ async def recover_prompt_too_long(
         if drained.committed > 0:
             run.transitions.append("collapse_drain_retry")
             return collapse_drain_retry(state, drained.messages, drained.committed)
-    if options.reactive_compact and not state.has_attempted_reactive_compact:
+    if (
+        options.reactive_compact
+        and not state.has_attempted_reactive_compact
+        and (run.setup.hooks is None or await pre_compact_allows(loop, run))  # a PreCompact block fails the recovery
+    ):
         compacted: Compacted | None = None
         with PhaseScope(run):
             try:
@@ -311,9 +325,9 @@ async def recover_prompt_too_long(
                 compacted = None
         if compacted is not None and run.setup.control.abort_reason is None:
             run.autocompact_failures = 0  # the seed resets `autoCompactTracking` here
-            await install_compaction(loop, run, compacted.messages, compacted.pre_tokens)
+            installed = await install_compaction(loop, run, compacted.messages, compacted.pre_tokens)
             run.transitions.append("reactive_compact_retry")
-            return reactive_compact_retry(state, compacted.messages)
+            return reactive_compact_retry(state, installed)
     return None
 
 
@@ -329,82 +343,6 @@ async def token_budget_nudge(loop: QueryLoop, run: Run) -> UserMessage | None:
     if decision.completion_event is not None:
         await loop.emit(run, SystemMessage(subtype="token_budget", data=decision.completion_event.model_dump()))
     return None
-
-
-async def stop_hooks(
-    loop: QueryLoop, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
-) -> tuple[str | None, list[str]]:
-    """The stop hooks (the older `stop_hooks`, then the Stop or SubagentStop hooks of `QueryOptions.hooks`): the
-    first `prevent`, and the blocking errors' texts. A hook that fails counts as passing: its `hook_error`
-    event is emitted at once and its text kept for the result's `errors`."""
-    sdk = run.setup.hooks
-    if sdk is not None and sdk.has("Stop" if loop.agent is None else "SubagentStop"):
-        return await _sdk_stop_hooks(loop, run, state, messages_for_query, turn)
-    if not run.setup.options.stop_hooks:
-        return None, []
-    return await _older_stop_hooks(loop, run, state, messages_for_query, turn)
-
-
-async def _older_stop_hooks(
-    loop: QueryLoop, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
-) -> tuple[str | None, list[str]]:
-    """Every older stop hook in turn (`QueryOptions.stop_hooks`, each given a `StopHookInput`)."""
-    agent_id, agent_type = loop.agent or (None, None)
-    hook_input = StopHookInput(
-        messages=[*messages_for_query, *turn.assistant_messages],
-        stop_hook_active=state.stop_hook_active,
-        agent_id=agent_id,
-        agent_type=agent_type,
-        consecutive_blocks=state.stop_hook_blocks,
-    )
-    prevent: str | None = None
-    errors: list[str] = []
-    with PhaseScope(run):
-        for hook in run.setup.options.stop_hooks:
-            try:
-                decision = checked_hook_decision(await hook(hook_input))
-            except Exception as error:  # noqa: BLE001 - a failing hook is a non-blocking error, as in Claude Code
-                loop.log.opt(exception=error).warning("stop hook failed")
-                event: HookErrorSource = "Stop" if agent_id is None else "SubagentStop"
-                await hook_error(loop, run, hook_error_message(event, hook, error))
-                continue
-            if decision is None:
-                continue
-            if decision.prevent is not None and prevent is None:
-                prevent = decision.prevent
-            if decision.blocking_error is not None:
-                errors.append(decision.blocking_error)
-    return prevent, errors
-
-
-async def _sdk_stop_hooks(
-    loop: QueryLoop, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn
-) -> tuple[str | None, list[str]]:
-    """The older stop hooks, then the Stop (SubagentStop) hooks of `QueryOptions.hooks`, all at once
-    (`run_stop`): the first `prevent` or `continue: false`, and every block's (and `additionalContext`'s) text,
-    as Claude Code adds them up."""
-    prevent: str | None = None
-    errors: list[str] = []
-    if run.setup.options.stop_hooks:
-        prevent, errors = await _older_stop_hooks(loop, run, state, messages_for_query, turn)
-    hooks = run.setup.hooks
-    assert hooks is not None
-    text = "".join(b.get("text", "") for m in turn.assistant_messages for b in m.content if b.get("type") == "text")
-    verdict = None
-    with PhaseScope(run):
-        verdict = await run_stop(
-            hooks, subagent=loop.agent is not None, stop_hook_active=state.stop_hook_active, last_assistant_message=text
-        )
-    if verdict is None:  # aborted: the caller ends the query
-        return prevent, errors
-    event: HookErrorSource = "Stop" if loop.agent is None else "SubagentStop"
-    for hook, error in verdict.read.failures:
-        loop.log.opt(exception=error).warning("{} hook failed", event)
-        await hook_error(loop, run, hook_error_message(event, hook, error))
-    stop = verdict.read.stop
-    if stop is not None and prevent is None:
-        prevent = stop.stop_reason or f"Execution stopped by {event} hook"
-    return prevent, [*errors, *verdict.blocks, *verdict.read.contexts()]
 
 
 async def demand_answer(
@@ -437,11 +375,6 @@ def settle_answer(run: Run, turn: Turn) -> Terminal | None:
         run.structured_output = answer_json(answer)
         return COMPLETED
     return _out_of_attempts(run, structured)
-
-
-async def hook_error(loop: QueryLoop, run: Run, message: SystemMessage) -> None:
-    run.add_hook_errors((message.content,))
-    await loop.emit(run, message)
 
 
 def attachments_due(run: Run) -> bool:

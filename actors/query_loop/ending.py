@@ -33,6 +33,7 @@ from queryloop.runtime.loop.events import (
     api_error_message,
 )
 from queryloop.runtime.loop.hooks import StopFailureError, StopFailureInput, run_stop_failure_hook, stop_failure_error
+from queryloop.runtime.loop.lifecycle_hooks import run_detached
 from queryloop.runtime.loop.model import ModelError
 from queryloop.runtime.loop.state import State, Terminal, TerminalReason
 from queryloop.runtime.loop.transcript import (
@@ -169,17 +170,23 @@ async def surface_failure(
 ) -> None:
     """Surface the API error the query ends on, and start its StopFailure hooks without waiting for them
     (fire and forget, as Claude Code's `void executeStopFailureHooks(lastMessage)`): they run in the
-    runtime, not the session."""
+    runtime, not the session. Both forms: `stop_failure_hooks`, and the StopFailure matchers of its hooks."""
     await loop.surface(run, message)
-    hooks, detach = run.setup.options.stop_failure_hooks, loop.detach
-    if not hooks or detach is None:
+    hooks, detach, sdk_hooks = run.setup.options.stop_failure_hooks, loop.detach, run.setup.hooks
+    if (not hooks and sdk_hooks is None) or detach is None:
+        return
+    text = "".join(block.get("text", "") for block in message.content if block.get("type") == "text")
+    details = details if details is not None else text
+    if sdk_hooks is not None and sdk_hooks.has("StopFailure"):  # the SDK's shape, matched against the error
+        fields = {"error": error, "error_details": details, "last_assistant_message": text}
+        detach(functools.partial(run_detached, sdk_hooks, "StopFailure", error, fields))
+    if not hooks:
         return
     agent_id, agent_type = loop.agent or (None, None)
-    text = "".join(block.get("text", "") for block in message.content if block.get("type") == "text")
     hook_input = StopFailureInput(
         session_id=loop.supervisor.session_id,
         error=error,
-        error_details=details if details is not None else text,
+        error_details=details,
         last_assistant_message=text,
         agent_id=agent_id,
         agent_type=agent_type,

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from queryloop.actors.compactor import context_config
-from queryloop.actors.query_loop.context import hook_error
+from queryloop.actors.query_loop.lifecycle import session_start
 from queryloop.actors.query_loop.messages import RunQuery
 from queryloop.actors.query_loop.run import PhaseScope, QuerySetup, Run
+from queryloop.actors.query_loop.stopping import hook_error
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime import telemetry
 from queryloop.runtime.kernel.supervisor import Supervisor
@@ -79,6 +80,7 @@ def new_run(loop: QueryLoop, message: RunQuery) -> Run:
         context_message=caches.context_message(options.user_context),
         prompt_uuid=message.prompt.uuid,
         can_use_tool=permission_asker(options.can_use_tool),
+        opening=message.opening,
         **control(loop, options),
     )
     return Run(setup=setup, caches=caches, model=options.model, structured=structured)
@@ -95,36 +97,49 @@ def with_mcp_tools(loop: QueryLoop, options: QueryOptions) -> list[Tool]:
 
 
 async def admit_prompt(loop: QueryLoop, run: Run, prompt: UserMessage) -> Terminal | None:
-    """The prompt joins the conversation, unless the query cannot start: its setup failed (`turn_setup_failed`),
-    or a UserPromptSubmit hook blocked it (blocked and erased, as Claude Code's: it never joins) or stopped the
-    query (`continue: false`). Their `additionalContext` follows the prompt, for the model."""
+    """The prompt joins the conversation with what the hooks add, where Claude Code puts it: SessionStart's context
+    before it (a session's first query), SubagentStart's (`run.setup.opening`) and UserPromptSubmit's after it.
+    The query ends at once where its setup failed (`turn_setup_failed`), or where a UserPromptSubmit hook blocked
+    the prompt (blocked and erased: it never joins) or stopped the query (`continue: false`)."""
     setup = run.setup
     hooks = setup.hooks
-    if setup.setup_error is not None or hooks is None or not hooks.has("UserPromptSubmit"):
+    if setup.setup_error is not None or hooks is None:
         loop.record(prompt)
         if setup.setup_error is not None:  # nothing is sent: Claude Code's turn_setup_failed
             return Terminal(reason="turn_setup_failed", error=setup.setup_error)
         return None
+    await session_start(loop, run, hooks)
+    added: list[TranscriptMessage] = []
+    stop = None
+    if hooks.has("UserPromptSubmit"):
+        verdict = None
+        with PhaseScope(run):  # an abort cuts the hooks: the prompt joins, and the abort ends the query as usual
+            verdict = await _user_prompt_submit(loop, run, hooks, prompt)
+        if isinstance(verdict, Terminal):
+            return verdict
+        if verdict is not None:
+            added, stop = verdict
+    loop.record(prompt)
+    for message in (*setup.opening, *added):
+        await loop.emit(run, message)
+    return None if stop is None else Terminal(reason="hook_stopped", error=stop)
+
+
+async def _user_prompt_submit(
+    loop: QueryLoop, run: Run, hooks: QueryHooks, prompt: UserMessage
+) -> Terminal | tuple[list[TranscriptMessage], str | None]:
+    """The UserPromptSubmit hooks: the query's end for a blocked prompt, else what they add and a stop's text."""
     content = prompt.content
     text = content if isinstance(content, str) else "".join(str(b.get("text", "")) for b in content)
-    verdict = None
-    with PhaseScope(run):  # an abort cuts the hooks: the prompt joins, and the abort ends the query as usual
-        verdict = await run_user_prompt_submit(hooks, text)
-    if verdict is None:
-        loop.record(prompt)
-        return None
+    verdict = await run_user_prompt_submit(hooks, text)
     for hook, error in verdict.read.failures:
         loop.log.opt(exception=error).warning("UserPromptSubmit hook failed")
         await hook_error(loop, run, hook_error_message("UserPromptSubmit", hook, error))
     if verdict.blocks:
-        return Terminal(
-            reason="hook_stopped", error="Prompt blocked by UserPromptSubmit hook: " + "\n".join(verdict.blocks)
-        )
-    loop.record(prompt)
+        blocked = "\n".join(verdict.blocks)
+        return Terminal(reason="hook_stopped", error=f"Prompt blocked by UserPromptSubmit hook: {blocked}")
     added, stop = effect_messages("UserPromptSubmit", verdict.read)
-    for message in added:
-        await loop.emit(run, message)
-    return None if stop is None else Terminal(reason="hook_stopped", error=stop)
+    return list(added), stop
 
 
 def session_id(loop: QueryLoop) -> str:

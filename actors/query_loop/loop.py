@@ -51,6 +51,7 @@ from queryloop.actors.query_loop.ending import (
     unwritable_terminal,
 )
 from queryloop.actors.query_loop.intake import admit_prompt, answer_absorbed, new_run, query_span, take_in_queued
+from queryloop.actors.query_loop.lifecycle import session_end
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
@@ -79,7 +80,6 @@ from queryloop.runtime.loop.transcript import response_text
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from pathlib import Path
-    from types import TracebackType
 
     from pykka import ActorRef, Future
 
@@ -158,7 +158,7 @@ class QueryLoop(TrioActor):
         self.running: Run | None = None
         self.queued: deque[RunQuery] = deque()
         """Messages sent while a query runs, in order: taken in at its next turn boundary, or run after it."""
-        self.caches = SessionCaches()
+        self.caches = SessionCaches(len(self.conversation))
         """Shared by the session's queries: each one's requests build on the previous one's (its docstring)."""
 
     # -- the helpers, spawned on first need ------------------------------------------------
@@ -239,13 +239,9 @@ class QueryLoop(TrioActor):
                 # Closed all the same. A session's log then raises EIO at every later write, so its handle tells
                 # a consumer what the file lacks; a subagent's (a sidechain) leaves the records to its parent's log.
                 self.log.warning("transcript {} closed with records unwritten: {}", self.transcript.path, error)
+        session_end(self)  # the SessionEnd hooks, detached
 
-    def on_failure(
-        self,
-        exception_type: type[BaseException] | None,
-        exception_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def on_failure(self, *exc_info: object) -> None:
         self.on_stop()
 
     # -- emission: the conversation and transcript writer, every step's one way to the consumer --
@@ -344,6 +340,7 @@ class QueryLoop(TrioActor):
             if telemetry.active is not None:  # the query's `invoke_agent` span, current in this task (its hooks nest)
                 run.span = query_span(self, run)
             self.accounts.begin_query(run.setup.options)
+            self.caches.hooks = run.setup.hooks  # the last query's: the session's SessionEnd hooks
             refused = None  # the prompt joins the conversation (written first thing in `_run_loop`), unless:
             if run.setup.hooks is None and run.setup.setup_error is None:  # (most queries: nothing to ask first)
                 self.record(prompt)

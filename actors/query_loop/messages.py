@@ -8,7 +8,7 @@ import trio
 
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason, CarrierMessage, Message, record
-from queryloop.runtime.loop.events import UserMessage
+from queryloop.runtime.loop.events import TranscriptMessage, UserMessage
 from queryloop.runtime.loop.options import QueryOptions
 from queryloop.runtime.loop.state import ContinueReason, Terminal
 
@@ -65,6 +65,8 @@ class RunQuery(CarrierMessage):
     sink: EventChannel[Any]
     control: QueryControl
     interrupt: bool = False
+    opening: tuple[TranscriptMessage, ...] = ()
+    """Messages that follow the prompt in the conversation (`QuerySetup.opening`: a subagent's SubagentStart's)."""
 
 
 @record

@@ -120,6 +120,8 @@ class QuerySetup:
     """`can_use_tool`, called with the SDK's context (`permission_asker`)."""
     setup_error: str | None
     """Why the query cannot start (a settings file or rule it cannot use): it ends `turn_setup_failed`."""
+    opening: tuple[TranscriptMessage, ...] = ()
+    """What follows the prompt in the conversation (a subagent's: its parent's SubagentStart hooks' messages)."""
 
 
 _NO_CONTEXT: tuple[dict[str, str], UserMessage | None] = (EMPTY_DICT, None)
@@ -136,9 +138,18 @@ class SessionCaches:
     carry another context. What is shared is the last context and its message (`context_message`), so that
     queries with the same context head their requests with the same object."""
 
-    __slots__ = ("boundary", "normalizer", "oversized_scan", "permission_updates", "token_count", "user_context")
+    __slots__ = (
+        "boundary",
+        "hooks",
+        "normalizer",
+        "oversized_scan",
+        "permission_updates",
+        "restored",
+        "token_count",
+        "user_context",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, restored: int = 0) -> None:
         self.normalizer = IncrementalNormalizer()
         """Each request's `messages`: the previous request's, and only what is new normalised (`_request`)."""
         self.oversized_scan = OversizedResultScan()
@@ -151,6 +162,11 @@ class SessionCaches:
         """The last user context and its message, kept while queries carry the same context."""
         self.permission_updates: list[PermissionUpdate] = []
         """Every `Allow(updated_permissions=...)` of the session's queries: each query's permissions replay them."""
+        self.restored = restored
+        """How many messages the session's conversation was restored with (a resume): until it holds more, no
+        query has started (SessionStart)."""
+        self.hooks: QueryHooks | None = None
+        """The hooks of the session's last query (its SessionEnd hooks run when it closes)."""
 
     def context_message(self, user_context: dict[str, str]) -> UserMessage | None:
         """The user context's message: the same object while the context is the same."""

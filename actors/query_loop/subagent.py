@@ -42,6 +42,7 @@ import trio
 from queryloop.actors.budget_guard import BudgetLedger, BudgetStatus
 from queryloop.actors.compactor import SESSION_DIR
 from queryloop.actors.model_caller import ModelCaller
+from queryloop.actors.query_loop.lifecycle import subagent_start
 from queryloop.actors.query_loop.messages import Forwarded, GetConversation, QueryControl, RunQuery
 from queryloop.actors.tool_executor import StreamingToolExecutor
 from queryloop.runtime import telemetry
@@ -55,7 +56,14 @@ from queryloop.runtime.loop.agents import (
     AgentInput,
     agent_tool_description,
 )
-from queryloop.runtime.loop.events import AgentUsage, ResultMessage, Usage, UserMessage, stream_event
+from queryloop.runtime.loop.events import (
+    AgentUsage,
+    ResultMessage,
+    TranscriptMessage,
+    Usage,
+    UserMessage,
+    stream_event,
+)
 from queryloop.runtime.loop.persistence import SidechainLog
 from queryloop.runtime.loop.restore import Sidechain
 from queryloop.runtime.loop.tools import Tool, ToolContext, ToolError
@@ -176,18 +184,30 @@ class Subagents:
         # an abort during the ask leaves nothing to stop.
         parent = self._parent
         session_dir = parent._session_dir or await parent.compactor.ask(SESSION_DIR, block=False)  # noqa: SLF001
+        opening: tuple[TranscriptMessage, ...] = ()
+        hooks = run.setup.hooks
+        if hooks is not None and hooks.has("SubagentStart"):  # the parent's, before the child exists
+            group_id = cast("Supervisor", parent.supervisor).session_id
+            opening = await subagent_start(run, hooks, f"{group_id}/{ctx.tool_use_id}", args.subagent_type)
         async with self._limiter:
             slots = self._host.slots
             if not slots.try_acquire():
                 msg = f"too many subagents are running on this host (max_live_agents={slots.limit}); try again later"
                 raise ToolError(msg)
             try:
-                return await self._run_child(run, definition, args, ctx.tool_use_id, session_dir)
+                return await self._run_child(run, definition, args, ctx.tool_use_id, session_dir, opening=opening)
             finally:
                 slots.release()
 
     async def _run_child(
-        self, run: Run, definition: AgentDefinition, args: AgentInput, tool_use_id: str, session_dir: Path
+        self,
+        run: Run,
+        definition: AgentDefinition,
+        args: AgentInput,
+        tool_use_id: str,
+        session_dir: Path,
+        *,
+        opening: tuple[TranscriptMessage, ...],
     ) -> str:
         parent = self._parent
         options = child_options(run.setup.options, definition)
@@ -244,8 +264,16 @@ class Subagents:
                 agent=(agent_id, args.subagent_type),
                 detach=self._parent.detach,
             )
+            # What the parent's SubagentStart hooks added follows the prompt in the child's conversation.
             _start(
-                loop, RunQuery(prompt=UserMessage(content=args.prompt), options=options, sink=events, control=control)
+                loop,
+                RunQuery(
+                    prompt=UserMessage(content=args.prompt),
+                    options=options,
+                    sink=events,
+                    control=control,
+                    opening=opening,
+                ),
             )
             handed_over = True
             result = await _relay(events, channel, tool_use_id)

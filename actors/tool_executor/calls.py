@@ -36,59 +36,81 @@ if TYPE_CHECKING:
     from loguru import Logger
 
     from queryloop.runtime.loop.hook_matching import PermissionDecision
+    from queryloop.runtime.loop.permissions import PermissionVerdict
 
 
-async def admitted(
-    log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn
-) -> tuple[dict[str, Any], Any] | ToolResult:
-    """The input the tool runs with, raw and parsed (the one a PreToolUse hook's allow or `can_use_tool` gave
-    in its stead, if one did), or the error result for input refused by the tool's model or a permission
+Admitted = tuple[dict[str, Any], Any]
+"""A call's input as the tool runs it: raw (the model's, or a hook's or `can_use_tool`'s in its stead) and parsed."""
+
+
+async def admitted(log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn) -> Admitted | ToolResult:
+    """The input the tool runs with, or the error result for input refused by the tool's model or a permission
     denied (by a hook, a rule, the mode, `can_use_tool`, or because its check failed).
 
     As in Claude Code: the PreToolUse hooks run once the input passed the tool's model; then the
     permission rules and the mode decide (`Permissions.decide`: a hook's deny denies, its allow does not
-    pass deny or ask rules); `can_use_tool` is asked only what is left undecided."""
-    name = entry.block.get("name", "")
+    pass deny or ask rules); what is left undecided is asked (`asked`)."""
     raw_input: dict[str, Any] = entry.block.get("input") or {}
     parsed = parse(log, entry, tool, raw_input)
     if isinstance(parsed, ToolResult):
         return parsed
+    call: Admitted = (raw_input, parsed)
     hook_decision: PermissionDecision | None = None
     hook_reason = None
     if turn.hooks is not None and turn.hooks.has("PreToolUse"):
-        verdict = await run_pre_tool_use(turn.hooks, name, entry.id, raw_input)
-        note_failures(log, entry, "PreToolUse", verdict.failures)
-        added, entry.stop = effect_messages("PreToolUse", verdict.read, tool_name=name, tool_use_id=entry.id)
-        if added:
-            entry.hook_messages = [*(entry.hook_messages or ()), *added]
-        if entry.stop is not None:  # `continue: false` outranks any decision: the call does not run
-            return failed(entry, entry.stop)
-        if verdict.decision == "deny":
-            return denied(entry, deny_text(verdict, name), raw_input)
-        hook_decision, hook_reason = verdict.decision, verdict.reason
-        if verdict.decision == "allow" and verdict.updated_input is not None:
-            updated = replaced(log, entry, tool, verdict.updated_input)
-            if isinstance(updated, ToolResult):
-                return updated
-            raw_input, parsed = updated
+        hooked = await _pre_tool_use(log, entry, tool, turn.hooks, call)
+        if isinstance(hooked, ToolResult):
+            return hooked
+        call, hook_decision, hook_reason = hooked
     permissions = turn.permissions
     if permissions is None:  # no rules, no mode, no `can_use_tool`: only a hook could have said no
-        return raw_input, parsed
-    decided = permissions.decide(name, raw_input, hook_decision, hook_reason)
+        return call
+    decided = permissions.decide(tool.name, call[0], hook_decision, hook_reason)
     if decided.behavior == "allow":
-        return raw_input, parsed
+        return call
     if decided.behavior == "deny":
-        return denied(entry, decided.reason, raw_input)
+        return denied(entry, decided.reason, call[0])
+    return await asked(log, entry, tool, turn, call=call, decided=decided)
+
+
+async def _pre_tool_use(
+    log: Logger, entry: CallEntry, tool: Tool, hooks: QueryHooks, call: Admitted
+) -> tuple[Admitted, PermissionDecision | None, str | None] | ToolResult:
+    """The call's PreToolUse hooks: the error result of a deny or a `continue: false`, else the input (an allow's
+    `updatedInput` in the model's stead) and their decision and reason, for the permission rules."""
+    name, raw_input = tool.name, call[0]
+    verdict = await run_pre_tool_use(hooks, name, entry.id, raw_input)
+    note_failures(log, entry, "PreToolUse", verdict.failures)
+    added, entry.stop = effect_messages("PreToolUse", verdict.read, tool_name=name, tool_use_id=entry.id)
+    if added:
+        entry.hook_messages = [*(entry.hook_messages or ()), *added]
+    if entry.stop is not None:  # `continue: false` outranks any decision: the call does not run
+        return failed(entry, entry.stop)
+    if verdict.decision == "deny":
+        return denied(entry, deny_text(verdict, name), raw_input)
+    if verdict.decision == "allow" and verdict.updated_input is not None:
+        updated = replaced(log, entry, tool, verdict.updated_input)
+        if isinstance(updated, ToolResult):
+            return updated
+        call = updated
+    return call, verdict.decision, verdict.reason
+
+
+async def asked(
+    log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn, *, call: Admitted, decided: PermissionVerdict
+) -> Admitted | ToolResult:
+    """A call the rules leave to the host: the Notification and PermissionRequest hooks, then `can_use_tool`;
+    with nothing to ask, what nothing decided runs and what something asks is refused."""
     hooks = turn.hooks
     if hooks is not None and (hooks.has("PermissionRequest") or hooks.has("Notification")):
-        answered = await ask_hooks(log, entry, tool, hooks, call=(raw_input, parsed))
+        answered = await ask_hooks(log, entry, tool, hooks, call=call)
         if answered is not None:
             return answered
-    if turn.can_use_tool is None:  # nothing to ask: what nothing decided runs, what something asks is refused
+    if turn.can_use_tool is None:
         if decided.undecided:
-            return raw_input, parsed
-        return denied(entry, f"{decided.reason} There is no can_use_tool to ask.", raw_input)
-    return await ask(log, entry, tool, turn, call=(raw_input, parsed), reason=decided.reason)
+            return call
+        return denied(entry, f"{decided.reason} There is no can_use_tool to ask.", call[0])
+    return await ask(log, entry, tool, turn, call=call, reason=decided.reason)
 
 
 async def ask_hooks(

@@ -218,12 +218,7 @@ def control_plane(options: QueryOptions, *, home: Path | None = None) -> Control
             cwd=cwd,
             home=home,
         )
-    matchers: dict[str, tuple[HookMatcher, ...]] = {}
-    for event, listed in [*settings.hooks.items(), *options.hooks.items()]:
-        if listed:
-            matchers[event] = (*matchers.get(event, ()), *listed)
-    if options.post_tool_use_hooks:
-        matchers["PostToolUse"] = (*matchers.get("PostToolUse", ()), legacy_matcher(options.post_tool_use_hooks))
+    matchers = _matchers(options, settings)
     granted = settings.permissions
     rules = PermissionRules(
         allow=_parsed([*(RuleText(t, None) for t in options.allowed_tools), *granted.allow], cwd),
@@ -234,6 +229,17 @@ def control_plane(options: QueryOptions, *, home: Path | None = None) -> Control
     directories = (*granted.additional_directories, *(Path(resolve_path(str(d), cwd, home)) for d in options.add_dirs))
     governs = bool(rules.allow or rules.deny or rules.ask) or mode != "default"
     return ControlPlane(matchers, Permissions(rules, mode, cwd, tuple(dict.fromkeys(directories))), governs)
+
+
+def _matchers(options: QueryOptions, settings: Settings) -> dict[str, tuple[HookMatcher, ...]]:
+    """Every source's hooks by event: the settings files', the options', then the older `post_tool_use_hooks`."""
+    matchers: dict[str, tuple[HookMatcher, ...]] = {}
+    for event, listed in [*settings.hooks.items(), *options.hooks.items()]:
+        if listed:
+            matchers[event] = (*matchers.get(event, ()), *listed)
+    if options.post_tool_use_hooks:
+        matchers["PostToolUse"] = (*matchers.get("PostToolUse", ()), legacy_matcher(options.post_tool_use_hooks))
+    return matchers
 
 
 def _parsed(texts: list[RuleText], cwd: Path) -> tuple[PermissionRule, ...]:

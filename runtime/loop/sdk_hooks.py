@@ -5,7 +5,9 @@ Python `hooks=` runs here unchanged, imported from `queryloop` instead.
 name, a `|` list or a regular expression: `runtime.loop.hook_matching`) and holds callbacks called as the SDK
 calls them, `await callback(input_data, tool_use_id, context)`, each returning a dict (`HookJSONOutput`).
 The names and shapes mirror the SDK's `types.py`; PreToolUse, PostToolUse and PostToolUseFailure run
-(`runtime.loop.pre_tool_use`, `runtime.loop.post_tool_use`; docs/hooks.md says what else is still to come).
+(`runtime.loop.pre_tool_use`, `runtime.loop.post_tool_use`), and so do SubagentStart, PreCompact, PostCompact,
+SessionStart, SessionEnd and StopFailure (`runtime.loop.lifecycle_hooks`); docs/hooks.md says what else is still to
+come.
 """
 
 from __future__ import annotations
@@ -28,9 +30,14 @@ HookEvent = Literal[
     "Notification",
     "SubagentStart",
     "PermissionRequest",
+    "PostCompact",
+    "SessionStart",
+    "SessionEnd",
+    "StopFailure",
 ]
-"""The events a hook may be registered for: the names the SDK's Python `HookEvent` accepts (any other key of
-`QueryOptions.hooks` is refused). Which run yet: docs/hooks.md."""
+"""The events a hook may be registered for: the names the SDK's Python `HookEvent` accepts, and four Claude Code
+events it lacks (PostCompact, SessionStart, SessionEnd, StopFailure: a superset, so an SDK hook map is accepted
+unchanged). Any other key of `QueryOptions.hooks` is refused. Which run yet: docs/hooks.md."""
 
 HOOK_TIMEOUT_S = 60.0
 """How long a callback may run when its matcher gives no `timeout` (the SDK's and Claude Code's default)."""
@@ -99,6 +106,64 @@ class PostToolUseFailureHookInput(BaseHookInput):
     agent_type: NotRequired[str]
 
 
+class SubagentStartHookInput(BaseHookInput):
+    """A SubagentStart callback's `input_data`: a subagent about to start (its matcher is tested against
+    `agent_type`, the agent's name in `QueryOptions.agents`); `agent_id` names it in its events and hooks."""
+
+    hook_event_name: Literal["SubagentStart"]
+    agent_id: str
+    agent_type: str
+
+
+class PreCompactHookInput(BaseHookInput):
+    """A PreCompact callback's `input_data`: a compaction about to run (`trigger` `"auto"`: every compaction the
+    loop asks for; `custom_instructions`: `QueryOptions.compact_instructions`)."""
+
+    hook_event_name: Literal["PreCompact"]
+    trigger: Literal["manual", "auto"]
+    custom_instructions: str | None
+    agent_id: NotRequired[str]
+    agent_type: NotRequired[str]
+
+
+class PostCompactHookInput(BaseHookInput):
+    """A PostCompact callback's `input_data` (Claude Code's; the SDK's Python types lack it): a compaction
+    installed, `compact_summary` the summary that now starts the conversation."""
+
+    hook_event_name: Literal["PostCompact"]
+    trigger: Literal["manual", "auto"]
+    compact_summary: str
+    agent_id: NotRequired[str]
+    agent_type: NotRequired[str]
+
+
+class SessionStartHookInput(BaseHookInput):
+    """A SessionStart callback's `input_data` (Claude Code's): `source` `"startup"` (a new session's first query),
+    `"resume"` (a session restored from its transcript) or `"compact"` (after a compaction)."""
+
+    hook_event_name: Literal["SessionStart"]
+    source: Literal["startup", "resume", "clear", "compact"]
+
+
+class SessionEndHookInput(BaseHookInput):
+    """A SessionEnd callback's `input_data` (Claude Code's): the session closes (`reason` `"other"`)."""
+
+    hook_event_name: Literal["SessionEnd"]
+    reason: str
+
+
+class StopFailureHookInput(BaseHookInput):
+    """A StopFailure callback's `input_data` (Claude Code's): the query ends on an API error (`error`, Claude
+    Code's category; `error_details`, the error as given; `last_assistant_message`, the error message's text)."""
+
+    hook_event_name: Literal["StopFailure"]
+    error: str
+    error_details: NotRequired[str]
+    last_assistant_message: NotRequired[str]
+    agent_id: NotRequired[str]
+    agent_type: NotRequired[str]
+
+
 class UserPromptSubmitHookInput(BaseHookInput):
     """A UserPromptSubmit callback's `input_data`: the prompt (its text) before it joins the conversation."""
 
@@ -152,6 +217,12 @@ HookInput = TypeAliasType(
     PreToolUseHookInput
     | PostToolUseHookInput
     | PostToolUseFailureHookInput
+    | SubagentStartHookInput
+    | PreCompactHookInput
+    | PostCompactHookInput
+    | SessionStartHookInput
+    | SessionEndHookInput
+    | StopFailureHookInput
     | UserPromptSubmitHookInput
     | StopHookInput
     | SubagentStopHookInput

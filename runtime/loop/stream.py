@@ -290,3 +290,29 @@ async def complete_text(provider: ModelProvider, request: ModelRequest) -> tuple
     if not assembler.stopped:
         raise ModelError("connection", f"the {request.purpose} stream ended before message_stop")
     return "".join(texts).strip(), assembler.usage
+
+
+class SeenResponse:
+    """What a call's stream said of its response, as it passed (telemetry's `chat` span reads it): its
+    `message_start`, stop reason and usage."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.stop_reason: str | None = None
+        self.stopped = False
+        self.response: dict[str, Any] = {}
+
+    def see(self, raw: Any) -> None:
+        """One stream event; a malformed one is let through (the ModelCaller raises its own error for it)."""
+        kind = raw.get("type") if raw.__class__ is dict else None
+        try:
+            if kind == "message_start":
+                self.response = raw["message"]
+                self.usage = usage_from(self.response.get("usage") or {}, self.usage)
+            elif kind == "message_delta":
+                self.stop_reason = raw["delta"].get("stop_reason") or self.stop_reason
+                self.usage = usage_from(raw.get("usage") or {}, self.usage)
+            elif kind == "message_stop":
+                self.stopped = True
+        except (AttributeError, KeyError, TypeError, ValueError):
+            pass
