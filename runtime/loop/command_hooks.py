@@ -32,7 +32,9 @@ from typing import Any
 
 import trio
 
+from queryloop.runtime.loop.permissions import PermissionRule, rule_matches
 from queryloop.runtime.loop.sdk_hooks import HookCallback, HookContext, HookInput, HookJSONOutput, HookMatcher
+from queryloop.runtime.loop.shell_commands import subcommands
 
 COMMAND_TIMEOUT_S = 600.0
 """How long a command hook may run when its settings give no `timeout` (Claude Code's default)."""
@@ -286,9 +288,44 @@ def command_hook(command: str, *, event: str, timeout_s: float = COMMAND_TIMEOUT
 
 
 def command_hook_matcher(
-    matcher: str | None, command: str, *, event: str, timeout_s: float = COMMAND_TIMEOUT_S, project_dir: Path
+    matcher: str | None,
+    command: str,
+    *,
+    event: str,
+    timeout_s: float = COMMAND_TIMEOUT_S,
+    project_dir: Path,
+    condition: PermissionRule | None = None,
 ) -> HookMatcher:
     """A `HookMatcher` holding one command hook, with a matcher deadline past the command's own timeout and
-    kill grace (`MATCHER_MARGIN_S`)."""
+    kill grace (`MATCHER_MARGIN_S`). With a `condition` (the handler's `if`, one permission rule), a tool
+    event's hook runs only for the calls the rule matches (`condition_holds`)."""
     callback = command_hook(command, event=event, timeout_s=timeout_s, project_dir=project_dir)
+    if condition is not None:
+        callback = _when(condition, callback, project_dir)
     return HookMatcher(matcher=matcher, hooks=[callback], timeout=timeout_s + KILL_GRACE_S + MATCHER_MARGIN_S)
+
+
+def condition_holds(rule: PermissionRule, input_data: dict[str, Any], cwd: Path) -> bool:
+    """Whether a handler's `if` lets it run, as Claude Code reads it: only tool events are filtered (others run);
+    a Bash command matches when it, or any piece between its operators, matches the rule; a call whose input
+    cannot be read (no command string) runs the hook (it fails open)."""
+    tool_name, tool_input = input_data.get("tool_name"), input_data.get("tool_input")
+    if not isinstance(tool_name, str) or not isinstance(tool_input, dict):
+        return True
+    if tool_name == "Bash" and rule.tool_name == "Bash" and rule.specifier is not None:
+        command = tool_input.get("command")
+        if not isinstance(command, str):
+            return True
+        pieces = [command, *subcommands(command)]
+        return any(rule_matches(rule, tool_name, {**tool_input, "command": p}, cwd=cwd) for p in pieces)
+    return rule_matches(rule, tool_name, tool_input, cwd=cwd)
+
+
+def _when(rule: PermissionRule, callback: HookCallback, cwd: Path) -> HookCallback:
+    async def conditional(input_data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
+        if not condition_holds(rule, dict(input_data), cwd):
+            return {}
+        return await callback(input_data, tool_use_id, context)
+
+    conditional.__qualname__ = getattr(callback, "__qualname__", "command_hook")
+    return conditional

@@ -15,8 +15,9 @@
   is not UTF-8 JSON, is not an object or has a known key of the wrong type is a `SettingsError` naming the
   file and the key (`hooks.PreToolUse[0].hooks[1].timeout must be a positive number`). Unknown keys are
   ignored (Claude Code has many); hooks for an event the loop never fires (`LOOP_EVENTS`), handlers of
-  another type than `command` (`http`, `prompt`, `agent`, `mcp_tool`) and handlers with an `if` condition or
-  `async` are skipped with a logged warning, since they cannot be run as written.
+  another type than `command` (`http`, `prompt`, `agent`, `mcp_tool`) and `async` ones are skipped with a
+  logged warning, since they cannot be run as written. A handler's `if` (one permission rule) filters the
+  tool calls it runs for (`command_hooks.condition_holds`); one that is not a rule is a `SettingsError`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from queryloop.runtime.loop.command_hooks import COMMAND_TIMEOUT_S, command_hook_matcher
+from queryloop.runtime.loop.permissions import PermissionRule, parse_rule
 from queryloop.runtime.loop.sdk_hooks import HookMatcher
 
 SettingSource = Literal["user", "project", "local"]
@@ -278,8 +280,6 @@ def _runnable(handler: _Handler, event: str, shown: str) -> bool:
     why = None
     if handler.type != "command":
         why = f"{handler.type!r} hooks are not supported (only 'command')"
-    elif handler.if_ is not None:
-        why = f"'if' conditions are not supported yet ({handler.if_!r})"
     elif handler.async_:
         why = "'async' command hooks are not supported yet"
     if why is not None:
@@ -287,7 +287,9 @@ def _runnable(handler: _Handler, event: str, shown: str) -> bool:
     return why is None
 
 
-def _layer_hooks(layer: _Layer, seen: set[tuple[str, str, str]]) -> list[tuple[str, str | None, _Handler]]:
+def _layer_hooks(
+    layer: _Layer, seen: set[tuple[str, str, str]], cwd: Path
+) -> list[tuple[str, str | None, _Handler, PermissionRule | None]]:
     entries = []
     for event, groups in layer.content.hooks.items():
         if event not in LOOP_EVENTS:
@@ -300,23 +302,39 @@ def _layer_hooks(layer: _Layer, seen: set[tuple[str, str, str]]) -> list[tuple[s
                 key = (event, group.matcher or "*", handler.command or "")
                 if key not in seen:
                     seen.add(key)
-                    entries.append((event, group.matcher, handler))
+                    entries.append((event, group.matcher, handler, _condition(handler, layer, event, cwd)))
     return entries
 
 
 def _hooks(layers: Sequence[_Layer], project_dir: Path) -> dict[str, list[HookMatcher]]:
     seen: set[tuple[str, str, str]] = set()
-    per_layer = [_layer_hooks(layer, seen) for layer in reversed(layers)]  # highest first: its duplicate stays
+    per_layer = [_layer_hooks(layer, seen, project_dir) for layer in reversed(layers)]  # highest first: kept
     hooks: dict[str, list[HookMatcher]] = {}
     for entries in reversed(per_layer):
-        for event, matcher, handler in entries:
+        for event, matcher, handler, condition in entries:
             timeout_s = handler.timeout or COMMAND_TIMEOUT_S
             hooks.setdefault(event, []).append(
                 command_hook_matcher(
-                    matcher, handler.command or "", event=event, timeout_s=timeout_s, project_dir=project_dir
+                    matcher,
+                    handler.command or "",
+                    event=event,
+                    timeout_s=timeout_s,
+                    project_dir=project_dir,
+                    condition=condition,
                 )
             )
     return hooks
+
+
+def _condition(handler: _Handler, layer: _Layer, event: str, cwd: Path) -> PermissionRule | None:
+    """A handler's `if` as a permission rule (`SettingsError` for one that is not a rule)."""
+    if handler.if_ is None:
+        return None
+    try:
+        return parse_rule(handler.if_, settings_dir=layer.settings_dir, cwd=cwd)
+    except (TypeError, ValueError) as error:
+        msg = f"{layer.shown}: hooks.{event}: 'if' {handler.if_!r} is not a permission rule: {error}"
+        raise SettingsError(msg) from None
 
 
 def _directory(text: str, cwd: Path, home: Path) -> Path:

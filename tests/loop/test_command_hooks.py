@@ -72,6 +72,15 @@ def is_gone(pid: int) -> bool:
     return fields[0] == "Z"
 
 
+async def gone(pid: int) -> bool:
+    """Whether `pid` is gone, allowing the kernel the moment a SIGKILL takes to land (polled, bounded: nothing
+    signals another process's death to a process that is not its parent)."""
+    with trio.move_on_after(5):
+        while not is_gone(pid):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    return is_gone(pid)
+
+
 async def wait_for_file(path: Path) -> int:
     """The pid a hook wrote into `path`, once it has (polled: nothing signals a file written by another process)."""
     file = trio.Path(path)
@@ -180,7 +189,7 @@ async def test_a_hook_past_its_timeout_is_killed_with_its_children(tmp_path: Pat
     # otherwise: the child sleeps far longer).
     with pytest.raises(CommandHookError, match="timed out after 5 s"):
         await call(command, tmp_path, timeout_s=5.0)
-    assert is_gone(int(pidfile.read_text()))
+    assert await gone(int(pidfile.read_text()))
 
 
 async def test_a_hook_that_ignores_sigterm_is_killed_after_the_grace(
@@ -191,7 +200,7 @@ async def test_a_hook_that_ignores_sigterm_is_killed_after_the_grace(
     command = f"trap '' TERM; sleep 30 & echo $! > {shlex.quote(str(pidfile))}; wait; wait"
     with pytest.raises(CommandHookError, match="timed out"):
         await call(command, tmp_path, timeout_s=5.0)
-    assert is_gone(int(pidfile.read_text()))
+    assert await gone(int(pidfile.read_text()))
 
 
 async def test_cancelling_the_caller_kills_the_hook_process_group(tmp_path: Path) -> None:
@@ -210,7 +219,7 @@ async def test_cancelling_the_caller_kills_the_hook_process_group(tmp_path: Path
             await wait_for_file(pidfile)
             scope.cancel()
     assert scope.cancelled_caught and not finished
-    assert is_gone(int(pidfile.read_text()))
+    assert await gone(int(pidfile.read_text()))
 
 
 async def test_a_hook_printing_megabytes_is_read_with_a_bound(tmp_path: Path) -> None:

@@ -217,17 +217,34 @@ def test_hooks_of_other_types_are_skipped_with_a_warning(
     assert len(warnings(logged)) == 4 and all("only 'command'" in warning for warning in warnings(logged))
 
 
-def test_hooks_with_an_if_condition_or_async_are_skipped_with_a_warning(
-    folders: tuple[Path, Path], logged: list[dict[str, Any]]
-) -> None:
-    handlers = [
-        {"type": "command", "command": "echo guarded", "if": "Bash(git *)"},
-        {"type": "command", "command": "echo later", "async": True},
-    ]
+def test_async_hooks_are_skipped_with_a_warning(folders: tuple[Path, Path], logged: list[dict[str, Any]]) -> None:
+    handlers = [{"type": "command", "command": "echo later", "async": True}]
     write(folders[0] / ".claude" / "settings.json", {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": handlers}]}})
     assert load(folders).hooks == {}
     said = warnings(logged)
-    assert len(said) == 2 and "'if' conditions" in said[0] and "'async'" in said[1]
+    assert len(said) == 1 and "'async'" in said[0]
+
+
+async def test_an_if_condition_runs_the_hook_only_for_the_calls_its_rule_matches(
+    folders: tuple[Path, Path], tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran.txt"
+    handler = {"type": "command", "command": f"cat >> {ran}; echo >> {ran}", "if": "Bash(git *)"}
+    groups = [{"matcher": "Bash", "hooks": [handler]}]
+    write(folders[0] / ".claude" / "settings.json", {"hooks": {"PreToolUse": groups}})
+    (matcher,) = load(folders).hooks["PreToolUse"]
+    for command in ("npm test", "git push", "make && git commit"):
+        data = {"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": command}}
+        await matcher.hooks[0](data, "t1", {"signal": None})  # type: ignore[arg-type]
+    seen = [json.loads(line)["tool_input"]["command"] for line in ran.read_text().split("\n") if line.strip()]
+    assert seen == ["git push", "make && git commit"]  # a piece of a chained command counts
+
+
+def test_an_if_condition_that_is_not_a_permission_rule_is_refused(folders: tuple[Path, Path]) -> None:
+    handler = {"type": "command", "command": "true", "if": "Bash(git"}
+    write(folders[0] / ".claude" / "settings.json", {"hooks": {"PreToolUse": [{"hooks": [handler]}]}})
+    with pytest.raises(SettingsError, match="'if'"):
+        load(folders)
 
 
 def test_hooks_of_events_outside_the_agent_loop_are_skipped_with_a_warning(
