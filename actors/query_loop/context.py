@@ -45,6 +45,7 @@ from queryloop.runtime.loop.model import ModelError
 from queryloop.runtime.loop.state import (
     COMPLETED,
     MAX_OUTPUT_TOKENS_RECOVERY_TEXT,
+    RAPID_REFILL_BREAKER,
     State,
     Terminal,
     collapse_drain_retry,
@@ -245,14 +246,17 @@ async def through_pipeline(
     loop: QueryLoop, run: Run, messages: list[TranscriptMessage]
 ) -> list[TranscriptMessage] | Terminal:
     """`messages` through the Compactor's pipeline (`pipeline_due`): the messages to send, or how the
-    query ends (aborted while compacting; the blocking limit)."""
+    query ends (aborted while compacting; the blocking limit; the rapid-refill breaker)."""
     prepared = await prepare_context(loop, run, messages)
-    if prepared is not None and prepared.compact_due:  # deferred: the query's PreCompact hooks decide first
+    if prepared is not None and prepared.compact_due:  # deferred: the rapid-refill breaker, then the PreCompact hooks
+        if run.refill_breaker_armed:  # the third refill in a row: no compaction, the query ends
+            return RAPID_REFILL_BREAKER
         prepared = await hooked_compaction(loop, run, prepared)
     if prepared is None:
         return end_early(loop, run, None, "aborted_streaming")
     if prepared.compacted is not None:
         run.autocompact_failures = 0
+        run.note_autocompaction()
         compacted = await install_compaction(loop, run, prepared.compacted, prepared.pre_compact_tokens)
         messages = messages_after_compact_boundary(compacted)
     else:
@@ -274,7 +278,7 @@ async def prepare_context(loop: QueryLoop, run: Run, messages: list[TranscriptMe
                 messages=messages,
                 config=run.setup.context_config,
                 autocompact_failures=run.autocompact_failures,
-                defer_compact=hooks is not None and hooks.has("PreCompact"),
+                defer_compact=run.refill_breaker_armed or (hooks is not None and hooks.has("PreCompact")),
             )
             answer = await loop.compactor.ask(prepare, block=False)
         except WorkCancelled:

@@ -22,7 +22,7 @@ from queryloop.actors.query_loop.messages import Settled
 from queryloop.actors.query_loop.run import QueryPhase, Run, Turn, add_tool_results
 from queryloop.actors.query_loop.turn import close_response, drain_in_ending
 from queryloop.runtime import telemetry
-from queryloop.runtime.loop.decisions import abort_terminal, result_is_error, result_subtype
+from queryloop.runtime.loop.decisions import abort_terminal, api_failure_terminal, result_is_error, result_subtype
 from queryloop.runtime.loop.disk import disk_error_text
 from queryloop.runtime.loop.events import (
     AssistantMessage,
@@ -123,6 +123,8 @@ def end_early(
 
 
 async def model_error(loop: QueryLoop, run: Run, turn: Turn, error: ModelError) -> Terminal:
+    """A model call failed for good: its tool uses answered, the error surfaced. The query ends `api_error`, or
+    `model_error` for a model that cannot be used (`api_failure_terminal`), or `image_error`."""
     run.begin_ending()
     if turn.pending:
         loop.stop_workers_soon()  # the tools the failed response started stop now
@@ -135,7 +137,7 @@ async def model_error(loop: QueryLoop, run: Run, turn: Turn, error: ModelError) 
         text = f"{text} (request_id {error.request_id})"
     failure = stop_failure_error(error.kind, error.message)
     await surface_failure(loop, run, api_error_message(run.model, text), failure, error.message)
-    return Terminal(reason="model_error", error=text)
+    return Terminal(reason=api_failure_terminal(error.kind), error=text)
 
 
 async def max_turns(loop: QueryLoop, run: Run, state: State) -> Terminal:

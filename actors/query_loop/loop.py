@@ -4,7 +4,7 @@ The class is the actor alone: its messages, the session's state (helpers spawned
 conversation, transcript, accounts, sidechains) and the emission every step goes through (`emit`,
 `emit_now`, `keep`, `record`, `surface`). A query's run reads in order below (`_query` → `_run_loop` →
 `_loop` → `_after_model` → `_after_final` / `_after_tool_use`), calling steps that are plain functions of
-`intake`, `context`, `turn` and `ending` taking the loop and the query's `Run`.
+`intake`, `context`, `recoveries`, `turn` and `ending` taking the loop and the query's `Run`.
 
 A query is non-abortable work of this actor: the loop ends the query itself, as Claude Code's does.
 `on_abort` records the reason and stops what the loop waits on (`Run.abort`). One function writes an early
@@ -24,7 +24,6 @@ from queryloop.actors.budget_guard import BudgetGuard, BudgetLedger
 from queryloop.actors.compactor import Compactor
 from queryloop.actors.query_loop.accounting import GuardAccounts, LedgerAccounts, QueryAccounts
 from queryloop.actors.query_loop.context import (
-    after_final_response,
     attachments_due,
     collect_attachments,
     consume_summary,
@@ -43,7 +42,6 @@ from queryloop.actors.query_loop.ending import (
     end_early,
     end_now,
     max_turns,
-    model_error,
     refusal,
     send_outcome,
     settle,
@@ -53,6 +51,7 @@ from queryloop.actors.query_loop.ending import (
 from queryloop.actors.query_loop.intake import admit_prompt, answer_absorbed, new_run, query_span, take_in_queued
 from queryloop.actors.query_loop.lifecycle import session_end
 from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
+from queryloop.actors.query_loop.recoveries import after_error, after_final
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
     BudgetExceeded,
@@ -441,8 +440,8 @@ class QueryLoop(TrioActor):
         if state.pending_tool_use_summary is not None:
             await consume_summary(self, run, state.pending_tool_use_summary)
         if ended.error is not None:
-            if ended.withheld is None:
-                return await model_error(self, run, turn, ended.error)
+            if ended.withheld is None:  # failed for good: a cut after visible output is resumed (`recoveries`)
+                return await after_error(self, run, state, messages_for_query, turn, error=ended.error)
             # the prompt-too-long cascade
             return await retry_too_long(self, run, state, messages_for_query, turn, withheld=ended.withheld)
         if ended.stop_reason == "refusal":  # no fallback model took it (`model_phase`)
@@ -457,9 +456,10 @@ class QueryLoop(TrioActor):
     async def _after_final(
         self, run: Run, state: State, messages_for_query: list[TranscriptMessage], turn: Turn, ended: CallEnded
     ) -> Terminal | State:
-        """A response without tool use: a cut-off one's recoveries, else the stop hooks' verdict."""
+        """A response without tool use: a cut-off one's recoveries, else (`recoveries.after_final`) a malformed
+        tool call's or an empty answer's retry, or the stop hooks' verdict."""
         if ended.withheld is None:
-            return await after_final_response(self, run, state, messages_for_query, turn)
+            return await after_final(self, run, state, messages_for_query, turn, ended=ended)
         # max_tokens or model_context_window_exceeded truncation
         retried = await recover_cut_off(self, run, state, messages_for_query, turn, ended=ended)
         if retried is not None:

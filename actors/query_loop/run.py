@@ -30,6 +30,7 @@ from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo
 from queryloop.runtime.loop.control import PermissionAsker, Permissions, PermissionUpdate
+from queryloop.runtime.loop.decisions import rapid_refill_breaker_holds, refills_after_compaction
 from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, disk_error_text, retry_while_full
 from queryloop.runtime.loop.event_hooks import QueryHooks
 from queryloop.runtime.loop.events import (
@@ -218,6 +219,10 @@ class Run:
     turn_count: int = 1
     autocompact_failures: int = 0
     """Autocompactions of this query that failed in a row (the Compactor's circuit breaker, per query)."""
+    compacted_at: int = -2
+    """The iteration (`len(transitions)`: one transition a continue) of the query's last autocompaction."""
+    rapid_refills: int = 0
+    """Autocompactions in a row each due right after the one before (`decisions.rapid_refill`)."""
     terminal: Terminal | None = None
     """Set when an abort ended the query's turn in the abort's own call (`ending.end_now`)."""
     settling: TrioFuture[BudgetStatus] | None = None
@@ -263,6 +268,17 @@ class Run:
         if self.hook_errors is EMPTY_LIST:
             self.hook_errors = []
         self.hook_errors.extend(texts)
+
+    @property
+    def refill_breaker_armed(self) -> bool:
+        """An autocompaction due now would be the rapid-refill breaker's limit: held, the query ends instead."""
+        return rapid_refill_breaker_holds(self.compacted_at, len(self.transitions), self.rapid_refills)
+
+    def note_autocompaction(self) -> None:
+        """An autocompaction ran at this iteration: the refills in a row, counted (`refills_after_compaction`)."""
+        iteration = len(self.transitions)
+        self.rapid_refills = refills_after_compaction(self.compacted_at, iteration, self.rapid_refills)
+        self.compacted_at = iteration
 
     def begin_ending(self) -> None:
         """The query's ending is under way (`QueryPhase.ENDING`), unless its result is out already."""

@@ -74,7 +74,8 @@ async def model_phase(
         fallback = run.setup.options.fallback_model
         if fallback is None or fallback == run.model:
             if not refused:
-                turn.ended = CallEnded(error=ModelError("api_error", "fallback requested but no fallback model"))
+                why = f"{run.model} is currently unavailable. (fallback requested, but no fallback_model is set)"
+                turn.ended = CallEnded(error=ModelError("model_unavailable", why))
             return turn, messages_for_query
         if loop.transcript is not None:  # logged as held already: retracted there too
             for message in turn.held_results or ():

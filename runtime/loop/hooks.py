@@ -106,6 +106,7 @@ _STOP_FAILURE_BY_KIND: dict[str, StopFailureError] = {
     "api_error": "server_error",
     "authentication": "authentication_failed",
     "not_found": "model_not_found",
+    "model_unavailable": "overloaded",
     "invalid_request": "invalid_request",
     "prompt_too_long": "invalid_request",
     "context_overflow": "invalid_request",

@@ -32,6 +32,7 @@ ModelErrorKind = Literal[
     "authentication",
     "not_found",
     "script_exhausted",
+    "model_unavailable",
 ]
 
 RETRYABLE_KINDS: frozenset[str] = frozenset({"overloaded", "rate_limit", "api_error", "connection"})
@@ -84,7 +85,8 @@ class ModelError(QueryloopError):
     Kinds beyond the obvious: `context_overflow` is the 400 "input length and `max_tokens` exceed
     context limit" (the answer's room, not the prompt, is too big: lower `max_tokens`, else treat it
     as `prompt_too_long`); `max_tokens_cap` is the 400 "`max_tokens`: N > M, which is the maximum
-    allowed number of output tokens for MODEL".
+    allowed number of output tokens for MODEL"; `model_unavailable` is a model the provider asked to fall back
+    from (`FallbackTriggered`) when no fallback model is set (Claude Code's "X is currently unavailable.").
 
     `should_retry` is the server's `x-should-retry` header (None when it sent none, or for an error
     event inside a 200 stream): it wins over the kind, as in the SDK.

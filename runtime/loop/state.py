@@ -17,6 +17,16 @@ What each site does to the fields that carry across iterations:
 | reactive_compact_retry | kept | True | reset | cleared | 0 |
 | collapse_drain_retry | kept | kept | reset | cleared | 0 |
 | pause_turn_continuation | kept | kept | kept | cleared | 0 |
+| thinking_only_retry | kept | kept | kept | cleared | 0 |
+| truncated_response_recovery | +1 (the max-output-tokens cap, shared) | kept | kept | cleared | 0 |
+| malformed_tool_use_retry | kept | kept | kept | cleared | 0 |
+
+The last three are Claude Code 2.1's newer recoveries (`decisions` decides each): a final response with no
+visible text is asked once per turn for one (`thinking_only_retry`); a stream cut after visible output is
+resumed (`truncated_response_recovery`, under the max-output-tokens recovery cap of 3); a `tool_use` stop
+with no `tool_use` block is retried once per turn (`malformed_tool_use_retry`). "Once per turn" is kept as
+the turn it was used in (`thinking_only_retry_turn`, `malformed_tool_use_retry_turn`): a new turn
+(`next_turn`) raises `turn_count` past it, so no site has to reset it.
 
 `pause_turn_continuation` is not one of Claude Code's continue sites: the Messages API's `pause_turn` (a long
 server-tool turn, paused by the server) asks for the paused response back as is, in a new request of
@@ -50,6 +60,32 @@ MAX_OUTPUT_TOKENS_RECOVERY_TEXT = (
     "Pick up mid-thought if that is where the cut happened. Break remaining work into smaller pieces."
 )
 """The meta message of `max_output_tokens_recovery` (Claude Code's text, completed)."""
+
+THINKING_ONLY_RETRY_TEXT = (
+    "[Your previous response had no visible output. Please continue and produce a user-visible response.]"
+)
+"""The meta message of `thinking_only_retry` (Claude Code 2.1's text)."""
+
+TRUNCATED_RESPONSE_RECOVERY_TEXT = (
+    "Your response above was cut off mid-stream. Resume directly from where it stops — no apology, no recap. "
+    "If none of it survived, answer the request from the start."
+)
+"""The meta message of `truncated_response_recovery` (Claude Code 2.1's text)."""
+
+MALFORMED_TOOL_USE_RETRY_TEXT = "Your tool call was malformed and could not be parsed. Please retry."
+"""The meta message of `malformed_tool_use_retry` (Claude Code 2.1's text, outside its clean-retry mode)."""
+
+MALFORMED_TOOL_USE_EXHAUSTED_TEXT = "The model's tool call could not be parsed (retry also failed)."
+"""The error a `malformed_tool_use_exhausted` query ends with (Claude Code 2.1's text)."""
+
+RAPID_REFILL_LIMIT = 3
+"""Refills in a row (right after an autocompaction, the context is due another) that trip the breaker."""
+
+RAPID_REFILL_BREAKER_TEXT = (
+    f"The context refilled to the autocompact threshold right after compaction {RAPID_REFILL_LIMIT} times in a "
+    "row; stopped instead of compacting again."
+)
+"""The error a `rapid_refill_breaker` query ends with."""
 
 
 class _Frozen(BaseModel):
@@ -92,8 +128,24 @@ class PauseTurnContinuation(_Frozen):
     """1 for the first continuation of a turn, 2 for the next, ..."""
 
 
+class ThinkingOnlyRetry(_Frozen):
+    reason: Literal["thinking_only_retry"] = "thinking_only_retry"
+
+
+class TruncatedResponseRecovery(_Frozen):
+    reason: Literal["truncated_response_recovery"] = "truncated_response_recovery"
+    attempt: int
+    """The shared recovery count after this one (`max_output_tokens_recovery_count`)."""
+
+
+class MalformedToolUseRetry(_Frozen):
+    reason: Literal["malformed_tool_use_retry"] = "malformed_tool_use_retry"
+
+
 NEXT_TURN = NextTurn()
 """The one `NextTurn` (it has no field to tell two apart): the most common transition, made once."""
+THINKING_ONLY_RETRY = ThinkingOnlyRetry()
+MALFORMED_TOOL_USE_RETRY = MalformedToolUseRetry()
 
 Continue = Annotated[
     NextTurn
@@ -103,7 +155,10 @@ Continue = Annotated[
     | CollapseDrainRetry
     | StopHookBlocking
     | TokenBudgetContinuation
-    | PauseTurnContinuation,
+    | PauseTurnContinuation
+    | ThinkingOnlyRetry
+    | TruncatedResponseRecovery
+    | MalformedToolUseRetry,
     Field(discriminator="reason"),
 ]
 ContinueReason = Literal[
@@ -115,6 +170,9 @@ ContinueReason = Literal[
     "stop_hook_blocking",
     "token_budget_continuation",
     "pause_turn_continuation",
+    "thinking_only_retry",
+    "truncated_response_recovery",
+    "malformed_tool_use_retry",
 ]
 
 TerminalReason = Literal[
@@ -131,6 +189,9 @@ TerminalReason = Literal[
     "image_error",
     "max_structured_output_retries",
     "turn_setup_failed",
+    "api_error",
+    "malformed_tool_use_exhausted",
+    "rapid_refill_breaker",
 ]
 
 
@@ -148,6 +209,9 @@ class Terminal(_Frozen):
 
 COMPLETED = Terminal(reason="completed")
 """The most common ending, made once (a `Terminal` is frozen)."""
+
+RAPID_REFILL_BREAKER = Terminal(reason="rapid_refill_breaker", error=RAPID_REFILL_BREAKER_TEXT)
+"""How a query ends when its context refills right after each autocompaction (`rapid_refill_breaker_holds`)."""
 
 
 class AutoCompactTracking(_Frozen):
@@ -180,6 +244,10 @@ class State:
     """`pause_turn` responses sent back in this turn so far (not a field of Claude Code's State: see above)."""
     stop_hook_blocks: int = 0
     """Stop-hook blocks in a row, since the last other continuation (not a field of Claude Code's State: see above)."""
+    thinking_only_retry_turn: int = 0
+    """The turn whose one `thinking_only_retry` has been used (0: none yet): the retry is once per turn."""
+    malformed_tool_use_retry_turn: int = 0
+    """The turn whose one `malformed_tool_use_retry` has been used (0: none yet): a second malformed stop ends it."""
     transition: Continue | None = None
 
 
@@ -343,4 +411,62 @@ def pause_turn_continuation(
         stop_hook_blocks=0,
         pause_turn_continuations=continuation,
         transition=PauseTurnContinuation(continuation=continuation),
+    )
+
+
+def thinking_only_retry(
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    assistant_messages: list[AssistantMessage],
+    retry: UserMessage,
+) -> State:
+    """A final response with no visible text (thinking only, or nothing): kept, and the model is asked once in this
+    turn for a user-visible answer (`THINKING_ONLY_RETRY_TEXT`)."""
+    return _evolve(
+        state,
+        messages=[*messages_for_query, *assistant_messages, retry],
+        thinking_only_retry_turn=state.turn_count,
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        stop_hook_blocks=0,
+        transition=THINKING_ONLY_RETRY,
+    )
+
+
+def truncated_response_recovery(
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    assistant_messages: list[AssistantMessage],
+    recovery_message: UserMessage,
+) -> State:
+    """The stream was cut after visible output: keep what completed, ask the model to resume from where it
+    stops. Counted with the max-output-tokens recoveries (one cap of 3 for both, as Claude Code 2.1 shares it)."""
+    attempt = state.max_output_tokens_recovery_count + 1
+    return _evolve(
+        state,
+        messages=[*messages_for_query, *assistant_messages, recovery_message],
+        max_output_tokens_recovery_count=attempt,
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        stop_hook_blocks=0,
+        transition=TruncatedResponseRecovery(attempt=attempt),
+    )
+
+
+def malformed_tool_use_retry(
+    state: State,
+    messages_for_query: list[TranscriptMessage],
+    assistant_messages: list[AssistantMessage],
+    retry: UserMessage,
+) -> State:
+    """A `tool_use` stop with no `tool_use` block: the malformed response stays (the model sees what it wrote) and
+    the model is asked once in this turn to retry the call (`MALFORMED_TOOL_USE_RETRY_TEXT`)."""
+    return _evolve(
+        state,
+        messages=[*messages_for_query, *assistant_messages, retry],
+        malformed_tool_use_retry_turn=state.turn_count,
+        pending_tool_use_summary=None,
+        stop_hook_active=False,
+        stop_hook_blocks=0,
+        transition=MALFORMED_TOOL_USE_RETRY,
     )

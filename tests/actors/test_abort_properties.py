@@ -256,7 +256,15 @@ def natural_outcome(script: tuple[dict[str, Any], ...], max_retries: int) -> Nat
             if unseen and attempts < max_retries:  # retried: the next entry answers the same call
                 attempts += 1
                 continue
-            return Natural("model_error", number, True)
+            # A cut after its text block completed (4 events) is resumed, under the max-output-tokens cap.
+            if (
+                entry["error"] == "connection"
+                and entry.get("after_events", 0) >= 4
+                and recoveries < MAX_OUTPUT_TOKENS_RECOVERY_LIMIT
+            ):
+                attempts, recoveries = 0, recoveries + 1
+                continue
+            return Natural("api_error", number, True)
         attempts = 0
         if any(block["type"] == "tool_use" for block in entry["content"]):
             escalated, recoveries = False, 0

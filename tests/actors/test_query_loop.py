@@ -504,7 +504,7 @@ async def test_an_abort_landing_while_the_result_waits_in_the_buffer_changes_not
         await assert_settled(ran)
 
 
-async def test_model_error_answers_tool_uses_already_streamed() -> None:
+async def test_an_api_error_answers_tool_uses_already_streamed() -> None:
     async with Runtime.open() as runtime:
         # The cut comes after the first block (a tool_use) completed: emitted, so not retried.
         cut = {
@@ -513,7 +513,7 @@ async def test_model_error_answers_tool_uses_already_streamed() -> None:
             "content": [tool_use("t1", "read", {"p": 1}), {"type": "text", "text": "never"}],
         }
         ran = await run_query(runtime, [cut, text_reply()], tools=[scripted_tool("read", latency=0)])
-        assert ran.reason == "model_error"
+        assert ran.reason == "api_error"  # a cut after a tool_use is not resumed: that tool had started
         assert len(ran.model.requests) == 1
         result = ran.tool_results()["t1"]
         assert result["tool_use_id"] == "t1"
@@ -536,10 +536,11 @@ async def test_overloaded_is_retried_with_backoff_while_nothing_was_emitted(
         await assert_settled(ran)
 
 
-async def test_retries_exhausted_end_with_model_error(autojump_clock: trio.testing.MockClock) -> None:
+async def test_retries_exhausted_end_with_api_error(autojump_clock: trio.testing.MockClock) -> None:
     async with Runtime.open() as runtime:
         ran = await run_query(runtime, [{"error": "api_error"}] * 3, max_retries=2)
-        assert ran.reason == "model_error"
+        assert ran.reason == "api_error"
+        assert ran.handle.result is not None and ran.handle.result.subtype == "success" and ran.handle.result.is_error
         assert len(ran.model.requests) == 3
         await assert_settled(ran)
 

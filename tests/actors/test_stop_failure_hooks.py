@@ -73,15 +73,18 @@ async def test_stop_failure_hooks_run_when_prompt_too_long_surfaces_and_stop_hoo
 
 
 @pytest.mark.parametrize(
-    ("scripted", "expected"),
+    ("scripted", "expected", "reason"),
     [
-        ("rate_limit", "rate_limit"),
-        ("overloaded", "overloaded"),
-        ("api_error", "server_error"),
-        ("connection", "unknown"),
+        ("rate_limit", "rate_limit", "api_error"),
+        ("overloaded", "overloaded", "api_error"),
+        ("api_error", "server_error", "api_error"),
+        ("connection", "unknown", "api_error"),
+        ("fallback", "overloaded", "model_error"),  # no fallback model: the model is unavailable
     ],
 )
-async def test_stop_failure_hooks_run_on_a_model_error_with_its_category(scripted: str, expected: str) -> None:
+async def test_stop_failure_hooks_run_on_a_model_error_with_its_category(
+    scripted: str, expected: str, reason: str
+) -> None:
     recorder = Recorder()
     stops: list[StopHookInput] = []
     async with Runtime.open() as runtime:
@@ -92,7 +95,7 @@ async def test_stop_failure_hooks_run_on_a_model_error_with_its_category(scripte
             stop_hooks=[never_blocks(stops)],
             stop_failure_hooks=[recorder],
         )
-        assert ran.reason == "model_error"
+        assert ran.reason == reason
         hook_input = await recorder.wait()
     assert hook_input.error == expected
     assert ran.handle.terminal is not None and ran.handle.terminal.error == hook_input.last_assistant_message
@@ -180,7 +183,7 @@ async def test_a_stop_failure_hook_that_raises_is_logged_and_the_others_still_ru
             await recorder.wait()
     # The query had ended before the hook ran: its result says nothing of it.
     assert ran.handle.terminal is not None and ran.handle.result is not None
-    assert ran.reason == "model_error" and ran.handle.result.errors == [ran.handle.terminal.error]
+    assert ran.reason == "api_error" and ran.handle.result.errors == [ran.handle.terminal.error]
     failed = [r for r in records if "StopFailure hook" in r["message"]]
     assert len(failed) == 1 and "broken" in failed[0]["message"] and "the pager is down" in str(failed[0]["exception"])
 

@@ -89,7 +89,7 @@ async def test_pause_turn_sends_the_paused_response_back_as_is_without_stop_hook
 async def test_pause_turn_cap_ends_the_query_with_an_error_result() -> None:
     async with Runtime.open() as runtime:
         ran = await run(runtime, [PAUSED, PAUSED, text_reply("never asked for")], max_pause_turn_continuations=1)
-        assert ran.reason == "model_error"
+        assert ran.reason == "api_error"
         assert ran.handle.transitions == ["pause_turn_continuation"]
         assert len(ran.model.requests) == 2
         result = ran.handle.result

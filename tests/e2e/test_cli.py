@@ -210,9 +210,9 @@ def test_connection_failure_reports_the_error_and_exits_1(tmp_path: Path) -> Non
     done = piped("run", "hi", "--model", "claude-sonnet-5-5", "--base-url", base_url, cwd=tmp_path, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "API Error: Connection error." in done.stdout
-    assert "terminal: model_error" in done.stdout
+    assert "terminal: api_error" in done.stdout
     assert "success" not in done.stdout
-    assert "queryloop: the query ended in error (model_error): API Error: Connection error." in done.stderr
+    assert "queryloop: the query ended in error (api_error): API Error: Connection error." in done.stderr
     assert "sk-never-shown" not in done.stdout + done.stderr
 
 

@@ -276,7 +276,7 @@ async def test_tool_use_cut_by_max_tokens_over_the_wire_never_runs_and_is_answer
 
 
 @TOLERATE_UNEXHAUSTED_BODY_ITERATOR
-async def test_midstream_error_event_after_output_ends_the_query_as_model_error_without_retry() -> None:
+async def test_midstream_error_event_after_output_ends_the_query_as_api_error_without_retry() -> None:
     # message_start, text block (start, delta, stop), tool_use block (start, "", input, stop): the
     # tool_use is whole when the server sends `event: error` (overloaded_error) on the 200 stream.
     content = [{"type": "text", "text": "Let me look."}, tool_use("t1", "read", {"path": "a.py"})]
@@ -287,7 +287,7 @@ async def test_midstream_error_event_after_output_ends_the_query_as_model_error_
             session = await rt.open_session(QueryOptions(provider=model, tools=[read], max_retries=2))
             handle, events = await run_query(session)
 
-            assert handle.terminal is not None and handle.terminal.reason == "model_error"
+            assert handle.terminal is not None and handle.terminal.reason == "api_error"
             assert len(api.requests) == 1  # output was emitted: a retry would repeat it
             labels = [e.label for e in events]
             assert "system:api_retry" not in labels
@@ -392,7 +392,7 @@ async def test_api_key_never_appears_in_the_logs_or_the_transcript() -> None:
                     assert handle.terminal is not None
                     reasons.append(handle.terminal.reason)
                     await assert_settled(session, handle, events)
-                assert reasons == ["completed", "prompt_too_long", "model_error"]
+                assert reasons == ["completed", "prompt_too_long", "api_error"]
                 assert [e.label for e in all_events].count("system:api_retry") == 3
                 transcript_text = str(await session.transcript())
                 # The key did travel: the SDK sent it to the server on every request.
@@ -417,7 +417,7 @@ async def test_an_in_stream_error_closes_the_sdk_body_iterators_instead_of_leavi
             async with served(script) as (_, model), Runtime.open() as rt:
                 session = await rt.open_session(QueryOptions(provider=model))
                 handle, _ = await run_query(session)
-                assert handle.terminal is not None and handle.terminal.reason == "model_error"
+                assert handle.terminal is not None and handle.terminal.reason == "api_error"
         gc.collect()
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert leaks == []
@@ -429,7 +429,7 @@ async def test_local_api_answers_past_the_end_of_its_script_with_a_500_naming_it
             session = await rt.open_session(QueryOptions(provider=model, max_retries=0))
             handle, events = await run_query(session)
 
-            assert handle.terminal is not None and handle.terminal.reason == "model_error"
+            assert handle.terminal is not None and handle.terminal.reason == "api_error"
             errors = [e for e in events if isinstance(e, AssistantMessage) and e.is_api_error]
             assert "script exhausted, no entry for request 1" in errors[-1].content[0]["text"]
             assert len(api.requests) == 1
@@ -463,7 +463,7 @@ async def test_a_failed_requests_request_id_is_kept_with_the_surfaced_error() ->
         async with served([{"error": "overloaded"}]) as (api, model), Runtime.open() as rt:
             session = await rt.open_session(QueryOptions(provider=model, max_retries=0))
             handle, events = await run_query(session)
-            assert handle.terminal is not None and handle.terminal.reason == "model_error"
+            assert handle.terminal is not None and handle.terminal.reason == "api_error"
             assert len(api.requests) == 1
             error = handle.terminal.error or ""
             assert re.search(r"^API Error: .+ \(request_id req_\w+_1\)$", error), error

@@ -148,7 +148,7 @@ async def test_a_failing_tool_is_an_error_span(runtime: Runtime, recorded: Recor
 
 async def test_a_failed_model_call_names_its_error_type(runtime: Runtime, recorded: Recorded) -> None:
     ran = await run_query(runtime, [{"error": "api_error"}], max_retries=0)
-    assert ran.reason == "model_error"
+    assert ran.reason == "api_error"
     (chat,) = recorded.spans("chat ")
     assert dict(chat.attributes or {})["error.type"] == "api_error"
     assert chat.status.status_code is StatusCode.ERROR

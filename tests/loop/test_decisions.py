@@ -166,7 +166,7 @@ def test_result_subtype_maps_limits_and_aborts_and_everything_else_is_success() 
         "max_structured_output_retries": "error_max_structured_output_retries",
         "turn_setup_failed": "error_during_execution",
     }
-    assert len(ALL_REASONS) == 13
+    assert len(ALL_REASONS) == 16
     for reason in ALL_REASONS:
         assert result_subtype(reason) == expected.get(reason, "success"), reason
 
@@ -183,6 +183,9 @@ def test_result_is_error_for_errors_aborts_and_limits_only() -> None:
         "aborted_tools",
         "max_structured_output_retries",
         "turn_setup_failed",
+        "api_error",
+        "malformed_tool_use_exhausted",
+        "rapid_refill_breaker",
     }
     for reason in ALL_REASONS:
         assert result_is_error(reason, api_error_surfaced=False) is (reason in errors), reason
@@ -195,3 +198,10 @@ def test_a_completed_query_whose_last_word_was_an_api_error_is_an_error() -> Non
     assert result_subtype("completed") == "success"
     assert result_is_error("stop_hook_prevented", api_error_surfaced=False) is False
     assert result_is_error("hook_stopped", api_error_surfaced=False) is False
+
+
+def test_an_api_error_ending_is_a_success_result_that_is_an_error() -> None:
+    """The Python SDK's shape (`_errors.py`): `terminal_reason == "api_error"`, `subtype: "success"`, `is_error`."""
+    for reason in ("api_error", "model_error", "malformed_tool_use_exhausted", "rapid_refill_breaker"):
+        assert result_subtype(reason) == "success", reason
+        assert result_is_error(reason, api_error_surfaced=False) is True, reason

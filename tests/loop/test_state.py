@@ -27,12 +27,15 @@ from queryloop.runtime.loop.state import (
     Terminal,
     TokenBudgetContinuation,
     collapse_drain_retry,
+    malformed_tool_use_retry,
     max_output_tokens_escalate,
     max_output_tokens_recovery,
     next_turn,
     reactive_compact_retry,
     stop_hook_blocking,
+    thinking_only_retry,
     token_budget_continuation,
+    truncated_response_recovery,
 )
 
 ESCALATED = 64000
@@ -108,6 +111,18 @@ def _collapse(state: State) -> State:
     return collapse_drain_retry(state, [user("collapsed")], 3)
 
 
+def _thinking_only(state: State) -> State:
+    return thinking_only_retry(state, MESSAGES_FOR_QUERY, ASSISTANT, user("say something", is_meta=True))
+
+
+def _truncated(state: State) -> State:
+    return truncated_response_recovery(state, MESSAGES_FOR_QUERY, ASSISTANT, user("resume", is_meta=True))
+
+
+def _malformed(state: State) -> State:
+    return malformed_tool_use_retry(state, MESSAGES_FOR_QUERY, ASSISTANT, user("retry", is_meta=True))
+
+
 SITES: dict[str, Callable[[State], State]] = {
     "next_turn": _next_turn,
     "max_output_tokens_escalate": _escalate,
@@ -116,6 +131,9 @@ SITES: dict[str, Callable[[State], State]] = {
     "token_budget_continuation": _token_budget,
     "reactive_compact_retry": _reactive,
     "collapse_drain_retry": _collapse,
+    "thinking_only_retry": _thinking_only,
+    "truncated_response_recovery": _truncated,
+    "malformed_tool_use_retry": _malformed,
 }
 
 # The module docstring's table, evaluated on `dirty_state()` (count 2, guard True, override 64000, hook active).
@@ -162,6 +180,26 @@ TABLE: dict[str, dict[str, Any]] = {
         "has_attempted_reactive_compact": KEEP,
         "max_output_tokens_override": None,
         "stop_hook_active": False,
+    },
+    "thinking_only_retry": {
+        "max_output_tokens_recovery_count": KEEP,
+        "has_attempted_reactive_compact": KEEP,
+        "max_output_tokens_override": KEEP,
+        "stop_hook_active": False,
+        "thinking_only_retry_turn": 4,  # the turn it was used in
+    },
+    "truncated_response_recovery": {
+        "max_output_tokens_recovery_count": 3,  # the max-output-tokens count, shared
+        "has_attempted_reactive_compact": KEEP,
+        "max_output_tokens_override": KEEP,
+        "stop_hook_active": False,
+    },
+    "malformed_tool_use_retry": {
+        "max_output_tokens_recovery_count": KEEP,
+        "has_attempted_reactive_compact": KEEP,
+        "max_output_tokens_override": KEEP,
+        "stop_hook_active": False,
+        "malformed_tool_use_retry_turn": 4,
     },
 }
 

@@ -176,7 +176,7 @@ def test_an_asyncio_providers_error_ends_the_query_as_on_trio(mode: Mode) -> Non
             async with query:
                 async for _ in query:
                     pass
-            assert query.terminal is not None and query.terminal.reason == "model_error"
+            assert query.terminal is not None and query.terminal.reason == "api_error"
             return await query.wait()
 
     result = run(main)

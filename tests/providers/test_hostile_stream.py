@@ -1,6 +1,6 @@
 """A server's bytes are checked, not trusted: a usage count that is not a non-negative integer, or a
 stream without `message_start`, is a malformed response (retried while nothing was shown, else the
-query's `model_error`), never a crash, a negative cost or a made-up success; a repeated tool_use id
+query's `api_error`), never a crash, a negative cost or a made-up success; a repeated tool_use id
 runs once and is sent back once; `usage.iterations[]` is what is counted and priced."""
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ async def test_a_negative_or_string_usage_is_retried_and_never_billed(count: Any
     assert len(ran.model.requests) == 2
 
 
-async def test_a_malformed_usage_that_stays_ends_the_query_with_model_error_and_no_cost() -> None:
+async def test_a_malformed_usage_that_stays_ends_the_query_with_api_error_and_no_cost() -> None:
     ran = await run([events_of(text_reply("Bad."), output_tokens=-5)], max_retries=1)
     result = ran.handle.result
-    assert ran.reason == "model_error" and result is not None and result.is_error
+    assert ran.reason == "api_error" and result is not None and result.is_error
     assert result.total_cost_usd == 0 and "non-negative integer" in " ".join(result.errors)
 
 
@@ -87,7 +87,7 @@ async def test_a_negative_usage_mid_stream_after_text_was_shown_is_an_error_not_
     delta["usage"] = {"output_tokens": -1_000_000}
     ran = await run([events], max_retries=2, max_budget_usd=0.01)
     result = ran.handle.result
-    assert ran.reason == "model_error" and result is not None
+    assert ran.reason == "api_error" and result is not None
     assert result.total_cost_usd >= 0
 
 
@@ -104,7 +104,7 @@ async def test_a_stream_without_message_start_is_malformed_never_a_success(respo
     ran = await run([response], max_retries=1)
     result = ran.handle.result
     assert result is not None and result.is_error  # an API error's result, as Claude Code's: `is_error` is set
-    assert ran.reason == "model_error"
+    assert ran.reason == "api_error"
     assert "before message_start" in " ".join(result.errors)
     assert len(ran.model.requests) == 2  # retried once, as other malformed streams are
 

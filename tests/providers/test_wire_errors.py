@@ -74,7 +74,7 @@ async def test_x_should_retry_false_ends_a_500_after_one_request(refusal: dict[s
             session = await rt.open_session(QueryOptions(provider=model, max_retries=2))
             handle, events = await run_query(session)
 
-            assert handle.terminal is not None and handle.terminal.reason == "model_error"
+            assert handle.terminal is not None and handle.terminal.reason == "api_error"
             assert len(api.requests) == 1
             assert api_retries(events) == []
             assert handle.result is not None and handle.result.is_error
@@ -106,7 +106,7 @@ async def test_x_should_retry_true_is_retried_no_more_than_max_retries() -> None
             session = await rt.open_session(QueryOptions(provider=model, max_retries=1))
             handle, events = await run_query(session)
 
-            assert handle.terminal is not None and handle.terminal.reason == "model_error"
+            assert handle.terminal is not None and handle.terminal.reason == "api_error"
             assert len(api.requests) == 2
             assert len(api_retries(events)) == 1
             assert handle.result is not None
@@ -233,10 +233,10 @@ async def test_a_tool_output_that_is_not_json_serializable_is_an_error_result_na
 @TOLERATE_UNEXHAUSTED_BODY_ITERATOR
 @pytest.mark.parametrize(
     ("after_events", "reason", "requests"),
-    [(2, "model_error", 1), (1, "completed", 2), (0, "completed", 2)],
+    [(2, "api_error", 1), (1, "completed", 2), (0, "completed", 2)],
     ids=["after_content_began_ends_the_query", "right_after_message_start_is_retried", "before_any_event_is_retried"],
 )
-async def test_a_stream_event_without_a_type_is_a_model_error_never_a_traceback(
+async def test_a_stream_event_without_a_type_is_an_api_error_never_a_traceback(
     after_events: int, reason: str, requests: int
 ) -> None:
     script = [{"error": "malformed_event", "after_events": after_events}, text_reply("Answered on retry.")]
@@ -247,7 +247,7 @@ async def test_a_stream_event_without_a_type_is_a_model_error_never_a_traceback(
 
             assert handle.terminal is not None and handle.terminal.reason == reason
             assert len(api.requests) == requests
-            if reason == "model_error":
+            if reason == "api_error":
                 errors = [e for e in events if isinstance(e, AssistantMessage) and e.is_api_error]
                 assert "malformed stream event" in errors[-1].content[0]["text"]
                 assert "no type" in errors[-1].content[0]["text"]
@@ -278,15 +278,13 @@ class MalformedEventModel:
     ],
     ids=["without_a_type", "without_its_fields", "a_string", "a_list"],
 )
-async def test_a_malformed_provider_event_ends_the_query_model_error_without_a_traceback(
-    bad: object, said: str
-) -> None:
+async def test_a_malformed_provider_event_ends_the_query_api_error_without_a_traceback(bad: object, said: str) -> None:
     with trio.fail_after(DEADLINE_S), log_records() as records:
         async with Runtime.open() as rt:
             session = await rt.open_session(QueryOptions(provider=MalformedEventModel(bad), max_retries=2))
             handle, events = await run_query(session)
 
-            assert handle.terminal is not None and handle.terminal.reason == "model_error"
+            assert handle.terminal is not None and handle.terminal.reason == "api_error"
             assert handle.result is not None and said in handle.result.result
             await assert_settled(session, handle, events)
     assert_no_traceback(records)

@@ -104,9 +104,9 @@ CASES: dict[str, tuple[list[dict[str, Any]], str, list[str], bool]] = {
     # refusal: the query ends saying so (an API error: no stop hooks), nothing is sent back.
     "stop_refusal_after_partial_output": ([], "completed", [], True),
     # error events: overloaded in a 200 stream, never retried once events were shown (and not here at all).
-    "error_event_docs_example": ([], "model_error", [], True),
-    "error_event_only_real_padded": ([], "model_error", [], True),
-    "derived_midstream_overloaded_error": ([], "model_error", [], True),
+    "error_event_docs_example": ([], "api_error", [], True),
+    "error_event_only_real_padded": ([], "api_error", [], True),
+    "derived_midstream_overloaded_error": ([], "api_error", [], True),
 }
 
 TOOL_NAMES = [
