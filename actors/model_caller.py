@@ -115,9 +115,11 @@ class CallFeed:
     checkpoint when one is queued).
     """
 
-    __slots__ = ("_calls", "_on_served", "calling", "serving")
+    __slots__ = ("_calls", "_on_served", "api_s", "calling", "serving")
 
     def __init__(self) -> None:
+        self.api_s = 0.0
+        """Seconds the query's requests have spent in the API so far, every attempt counted (`duration_api_ms`)."""
         self._calls: EventChannel[StartCall] = EventChannel(1)  # a few calls a query, each `push`ed: never waits
         self._on_served: Callable[[], None] | None = None
         self.serving: trio.CancelScope | None = None
@@ -291,6 +293,7 @@ class ModelCaller(TrioActor):
                 tries = _Tries(self._within_cap(call.request) if self._output_caps else call.request)
                 while True:
                     tries.emitted = False
+                    sent = trio.current_time()
                     try:
                         if self.limiter is None:
                             ended = await self._stream_once(call, tries)
@@ -298,6 +301,7 @@ class ModelCaller(TrioActor):
                             async with self.limiter:  # held while the request streams, not during backoff
                                 ended = await self._stream_once(call, tries)
                     except Exception as error:  # noqa: BLE001 - each kind is decided in `_after_failure`
+                        feed.api_s += trio.current_time() - sent
                         after = self._after_failure(call, tries, error)
                         if after is None:
                             continue  # sent again at once, with a max_tokens it leaves room for
@@ -305,6 +309,8 @@ class ModelCaller(TrioActor):
                             await self._announce_retry_and_wait(call, after, tries.attempt)
                             continue
                         ended = after
+                    else:
+                        feed.api_s += trio.current_time() - sent
                     break
                 try:
                     call.sink.send_nowait(ended)

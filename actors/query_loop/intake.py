@@ -15,9 +15,9 @@ from queryloop.actors.compactor import context_config
 from queryloop.actors.query_loop.context import hook_error
 from queryloop.actors.query_loop.messages import RunQuery
 from queryloop.actors.query_loop.run import PhaseScope, QuerySetup, Run
+from queryloop.actors.query_loop.sdk_fields import init_message, session_id
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime import telemetry
-from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.control import control_plane, permission_asker
 from queryloop.runtime.loop.event_hooks import QueryHooks, effect_messages
 from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
@@ -81,6 +81,8 @@ def new_run(loop: QueryLoop, message: RunQuery) -> Run:
         can_use_tool=permission_asker(options.can_use_tool),
         **control(loop, options),
     )
+    if loop.agent is None:  # a session's query opens with it, before anything else (a subagent's does not)
+        message.sink.push(init_message(loop, setup))
     return Run(setup=setup, caches=caches, model=options.model, structured=structured)
 
 
@@ -125,14 +127,6 @@ async def admit_prompt(loop: QueryLoop, run: Run, prompt: UserMessage) -> Termin
     for message in added:
         await loop.emit(run, message)
     return None if stop is None else Terminal(reason="hook_stopped", error=stop)
-
-
-def session_id(loop: QueryLoop) -> str:
-    """The session's id: a subagent's loop gets its session's, as Claude Code's hooks and spans do."""
-    group = loop.supervisor
-    while isinstance(group, Supervisor) and group.parent is not None:
-        group = group.parent
-    return group.session_id
 
 
 def query_span(loop: QueryLoop, run: Run) -> telemetry.QuerySpan | None:

@@ -14,10 +14,10 @@ order:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 from queryloop.runtime.loop.context import ContextLimits
-from queryloop.runtime.loop.events import ResultSubtype, Usage
+from queryloop.runtime.loop.events import ClaudeCodeTerminalReason, ResultSubtype, Usage
 from queryloop.runtime.loop.state import MAX_OUTPUT_TOKENS_RECOVERY_LIMIT, State, TerminalReason
 
 MaxOutputTokensAction = Literal["escalate", "recover", "surface"]
@@ -104,3 +104,21 @@ ERROR_TERMINALS: frozenset[str] = frozenset(
 def result_is_error(reason: TerminalReason, api_error_surfaced: bool) -> bool:
     """Errors, aborts and limits are errors; so is a `completed` query whose last word was an API error."""
     return reason in ERROR_TERMINALS or api_error_surfaced
+
+
+_CLAUDE_CODE_NAMES: dict[str, ClaudeCodeTerminalReason] = {
+    "max_budget_usd": "budget_exhausted",
+    "max_structured_output_retries": "structured_output_retry_exhausted",
+    "model_error": "api_error",
+}
+"""The runtime's reasons Claude Code names otherwise; every other reason is Claude Code's own name.
+
+`model_error` is a model call that failed for good (after its retries, or at once for an error no retry
+mends): Claude Code's `api_error`. Its own `model_error` is a model it may not use ("X is currently
+unavailable"), which this runtime has no path to (docs/design.md, "Terminal reasons")."""
+
+
+def claude_code_terminal_reason(reason: TerminalReason) -> ClaudeCodeTerminalReason:
+    """The result's `terminal_reason`: `reason` in Claude Code's vocabulary (`ClaudeCodeTerminalReason`)."""
+    named = _CLAUDE_CODE_NAMES.get(reason)
+    return named if named is not None else cast("ClaudeCodeTerminalReason", reason)
