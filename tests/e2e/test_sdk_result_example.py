@@ -40,7 +40,7 @@ runtime has neither deferred tools nor injected turns)."""
 
 
 def test_the_result_has_every_field_an_sdk_host_reads() -> None:
-    assert SDK_RESULT_FIELDS <= set(ResultMessage.__dataclass_fields__)
+    assert set(ResultMessage.__dataclass_fields__) >= SDK_RESULT_FIELDS
 
 
 def test_an_sdk_hosts_report_reads_the_result_terminal_reason_session_and_model_usage() -> None:
