@@ -81,8 +81,8 @@ def new_run(loop: QueryLoop, message: RunQuery) -> Run:
         can_use_tool=permission_asker(options.can_use_tool),
         **control(loop, options),
     )
-    if loop.agent is None:  # a session's query opens with it, before anything else (a subagent's does not)
-        message.sink.push(init_message(loop, setup))
+    if loop.agent is None and message.control.abort_reason is None:  # a session's query opens with it, first
+        message.sink.push(init_message(loop, setup))  # (not a subagent's, nor one aborted before it started)
     return Run(setup=setup, caches=caches, model=options.model, structured=structured)
 
 

@@ -171,7 +171,7 @@ class UserMessage(Event):
     """Written by the runtime for the model (recovery prompts, hook feedback), not typed by a person."""
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -191,7 +191,7 @@ class AssistantMessage(Event):
     """A synthetic message that reports an API error to the user; never sent back to the model."""
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -223,7 +223,7 @@ class SystemMessage(Event):
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -236,7 +236,7 @@ class AttachmentMessage(Event):
     attachment: dict[str, Any]
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -255,7 +255,7 @@ class StreamRequestStart(Event):
     uuid: str = dataclasses.field(default_factory=new_uuid)
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -268,7 +268,7 @@ class StreamEvent(Event):
     event: dict[str, Any]
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -291,7 +291,7 @@ class ProgressEvent(Event):
     data: Any
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -304,7 +304,7 @@ class TombstoneEvent(Event):
     message_uuid: str
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -318,7 +318,7 @@ class ToolUseSummaryEvent(Event):
     preceding_tool_use_ids: list[str]
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
@@ -426,7 +426,7 @@ class ResultMessage(Event):
     """The HTTP status of the API error the query ended on (429, 500, 529, ...); None otherwise, and for an
     error that had none (a cut connection; claude-agent-sdk's field)."""
     uuid: str = dataclasses.field(default_factory=new_uuid)
-    session_id: str = ""
+    session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (claude-agent-sdk's field), as on every event."""
 
 
