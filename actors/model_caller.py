@@ -24,8 +24,7 @@ asking for the fallback model, if one is set. A 400 that asks for fewer output t
 `max_tokens` of `runtime.loop.max_tokens`, once per kind per call, outside `max_retries`. Prompt-too-long and
 `max_tokens` truncation are *withheld* (`CallEnded.withheld`) for the QueryLoop's recovery. A malformed stream (an event
 not a dict with a string `type`, or unreadable; a usage count not a non-negative integer; anything but a `ping` before
-`message_start`) is an `api_error` ModelError, never an unclassified exception. docs/design.md has the reasons.
-"""
+`message_start`) is an `api_error` ModelError, never an unclassified exception. docs/design.md has the reasons."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ class CallProgress:
 
     The QueryLoop reads it when it bills a call that was cut short (an abort): the spend the stream reported is
     kept. Raw `usage` objects, turned into a `Usage` only then. Also whether the consumer has gone (reported to
-    the loop once), and whether the loop has cut the call.
-    """
+    the loop once), and whether the loop has cut the call."""
 
     __slots__ = ("consumer_gone", "cut", "delta_usage", "held", "start_usage")
 
@@ -112,14 +110,12 @@ class CallFeed:
     Made by the QueryLoop, one per query, and used on the trio thread only. The loop's side: `accepting` (a task
     serves the feed: `feed` a call to it; else send it as a `StartCall`), `feed` and `close`. The ModelCaller's
     side: `serving` (the scope of the task serving it), `wait` and `take` (the loop's next call, without a
-    checkpoint when one is queued).
-    """
+    checkpoint when one is queued)."""
 
     __slots__ = ("_calls", "_on_served", "api_s", "calling", "serving")
 
     def __init__(self) -> None:
-        self.api_s = 0.0
-        """Seconds the query's requests have spent in the API so far, every attempt counted (`duration_api_ms`)."""
+        self.api_s = 0.0  # seconds the query's requests spent in the API, every attempt (`duration_api_ms`)
         self._calls: EventChannel[StartCall] = EventChannel(1)  # a few calls a query, each `push`ed: never waits
         self._on_served: Callable[[], None] | None = None
         self.serving: trio.CancelScope | None = None
@@ -293,7 +289,6 @@ class ModelCaller(TrioActor):
                 tries = _Tries(self._within_cap(call.request) if self._output_caps else call.request)
                 while True:
                     tries.emitted = False
-                    sent = trio.current_time()
                     try:
                         if self.limiter is None:
                             ended = await self._stream_once(call, tries)
@@ -301,7 +296,6 @@ class ModelCaller(TrioActor):
                             async with self.limiter:  # held while the request streams, not during backoff
                                 ended = await self._stream_once(call, tries)
                     except Exception as error:  # noqa: BLE001 - each kind is decided in `_after_failure`
-                        feed.api_s += trio.current_time() - sent
                         after = self._after_failure(call, tries, error)
                         if after is None:
                             continue  # sent again at once, with a max_tokens it leaves room for
@@ -309,8 +303,6 @@ class ModelCaller(TrioActor):
                             await self._announce_retry_and_wait(call, after, tries.attempt)
                             continue
                         ended = after
-                    else:
-                        feed.api_s += trio.current_time() - sent
                     break
                 try:
                     call.sink.send_nowait(ended)
@@ -373,7 +365,7 @@ class ModelCaller(TrioActor):
 
     async def _stream_once(self, call: StartCall, tries: _Tries) -> CallEnded:
         """One request (`tries.request`): forward its events, hand over its blocks; the end, or the provider's error."""
-        request = tries.request
+        request, sent = tries.request, trio.current_time()
         assembler = ResponseAssembler()
         stream = self.provider.stream(request)
         if telemetry.active is not None:  # the request's `chat` span, seeing its events (docs/telemetry.md)
@@ -416,6 +408,8 @@ class ModelCaller(TrioActor):
                 if completed is not None:
                     self._hand_over(completed, assembler, call)
         finally:
+            if call.feed is not None:  # the query's API time (`duration_api_ms`): every attempt, whatever its end
+                call.feed.api_s += trio.current_time() - sent
             await stream.aclose()
         return self._ended(call, request, assembler)
 

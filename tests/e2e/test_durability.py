@@ -338,8 +338,8 @@ async def main(path):
         session = await runtime.open_session(QueryOptions(provider=Announced(model), tools=tools), transcript=path)
         report("ready")
         async for event in session.query("Run them"):
-            if event.type in ("user", "assistant", "system", "attachment"):
-                report(event.uuid)  # after receiving it
+            if event.type in ("user", "assistant", "system", "attachment") and event.label != "system:init":
+                report(event.uuid)  # after receiving it (the `init` notice is not the conversation's)
         report("done")
 
 
