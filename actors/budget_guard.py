@@ -65,10 +65,14 @@ class RecordUsage(Message):
 
 @record
 class RecordSpend(Message):
-    """Spend already priced (a subagent's, reported up call by call): counted as the query's."""
+    """Spend already priced (a subagent's, reported up call by call): its cost counted as the query's, its tokens
+    in the query's `model_usage` but not in its `usage` (the main loop's own calls only, as Claude Code counts)."""
 
+    model: str
     usage: Usage
     cost_usd: float
+    agent_usage: bool = True
+    """False for a subagent's side calls (summaries, compaction): not in its `usage_by_agent` tokens."""
 
 
 @record
@@ -90,6 +94,9 @@ class BudgetStatus(Message):
     query_usage: Usage
     query_cost_usd: float
     exceeded: bool
+    models: dict[str, ModelTally] | None = None
+    """Per model, what the query's calls used and cost (its subagents', summaries' and compactions' too); only
+    in the answer that settles the query (`BudgetLedger.status(models=True)`)."""
 
 
 @record
@@ -115,8 +122,29 @@ def cost_usd(usage: Usage, price: Pricing) -> float:
     return cost / 1_000_000
 
 
-SpendAbove = Callable[[Usage, float], bool]
-"""A subagent's report of one priced call to its parent; True when the parent's cap is reached."""
+SpendAbove = Callable[[str, Usage, float, bool], bool]
+"""A subagent's report of one priced call to its parent (model, usage, cost, and whether its tokens are an
+agent's own query tokens, not a summary's or a compaction's); True when the parent's cap is reached."""
+
+
+class ModelTally:
+    """One model's calls in a query: tokens and cost, summed as they are accounted (`BudgetLedger.models`)."""
+
+    __slots__ = ("cache_creation_input_tokens", "cache_read_input_tokens", "cost_usd", "input_tokens", "output_tokens")
+
+    def __init__(self) -> None:
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cache_read_input_tokens = 0
+        self.cache_creation_input_tokens = 0
+        self.cost_usd = 0.0
+
+    def add(self, usage: Usage, cost: float) -> None:
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cache_read_input_tokens += usage.cache_read_input_tokens
+        self.cache_creation_input_tokens += usage.cache_creation_input_tokens
+        self.cost_usd += cost
 
 
 class BudgetLedger:
@@ -131,6 +159,7 @@ class BudgetLedger:
         "_tracker",
         "above",
         "agent_id",
+        "models",
         "query_cost_usd",
         "query_usage",
         "session_cost_usd",
@@ -147,6 +176,8 @@ class BudgetLedger:
         self.session_cost_usd = 0.0
         self.query_usage = NO_USAGE
         self.query_cost_usd = 0.0
+        self.models: dict[str, ModelTally] = {}
+        """The query's calls per model: its `model_usage`."""
         self._query_max: float | None = None
         self._pricing: Pricing | None = None
         self._priced_model: str | None = None
@@ -163,7 +194,7 @@ class BudgetLedger:
         pricing: Pricing | None = None,
     ) -> None:
         """Reset the per-query ledger (`BeginQuery`)."""
-        self.query_usage, self.query_cost_usd = NO_USAGE, 0.0
+        self.query_usage, self.query_cost_usd, self.models = NO_USAGE, 0.0, {}
         self._query_max = max_budget_usd
         self._priced_model, self._pricing = model, pricing
         self._token_budget, self._tracker = token_budget, None if token_budget is None else BudgetTracker()
@@ -177,29 +208,39 @@ class BudgetLedger:
         self.query_cost_usd += cost
         self.session_usage = self.session_usage + usage
         self.session_cost_usd += cost
-        if self.above is not None and self.above(usage if query_usage else NO_USAGE, cost):
+        self._tally(model, usage, cost)
+        if self.above is not None and self.above(model, usage, cost, query_usage):
             self._above_exceeded = True
         return cost
 
-    def add(self, usage: Usage, cost: float) -> None:
-        """Record spend priced already (a subagent's), as the query's; reported further up in turn."""
-        self.query_usage = self.query_usage + usage
+    def add(self, model: str, usage: Usage, cost: float, *, agent_usage: bool = True) -> None:
+        """Record spend priced already (a subagent's call at `model`): its cost is the query's, its tokens are in
+        the query's `models` but not its `query_usage` (the main loop's own calls only); reported further up."""
         self.query_cost_usd += cost
-        self.session_usage = self.session_usage + usage
+        if agent_usage:
+            self.session_usage = self.session_usage + usage
         self.session_cost_usd += cost
-        if self.above is not None and self.above(usage, cost):
+        self._tally(model, usage, cost)
+        if self.above is not None and self.above(model, usage, cost, agent_usage):
             self._above_exceeded = True
+
+    def _tally(self, model: str, usage: Usage, cost: float) -> None:
+        tally = self.models.get(model)
+        if tally is None:
+            tally = self.models[model] = ModelTally()
+        tally.add(usage, cost)
 
     def query_cap_reached(self) -> bool:
         """The query's own `max_budget_usd` is reached (or, for a subagent, its parent's)."""
         return self._above_exceeded or (self._query_max is not None and self.query_cost_usd >= self._query_max)
 
-    def status(self, *, host_exceeded: bool = False) -> BudgetStatus:
-        """The query's totals so far (`SettleQuery`'s answer)."""
+    def status(self, *, host_exceeded: bool = False, models: bool = False) -> BudgetStatus:
+        """The query's totals so far; with `models`, its calls per model too (`SettleQuery`'s answer)."""
         return BudgetStatus(
             query_usage=self.query_usage,
             query_cost_usd=self.query_cost_usd,
             exceeded=host_exceeded or self.query_cap_reached(),
+            models=dict(self.models) if models else None,
         )
 
     def check_token_budget(self, global_turn_tokens: int) -> TokenBudgetDecision:
@@ -239,7 +280,7 @@ class BudgetGuard(TrioActor):
         if isinstance(message, RecordUsage):
             return self._record(message)
         if isinstance(message, RecordSpend):
-            ledger.add(message.usage, message.cost_usd)
+            ledger.add(message.model, message.usage, message.cost_usd, agent_usage=message.agent_usage)
             if self.parent is None:
                 return self._status()
             return self._report_to_parent(message.cost_usd)
@@ -255,7 +296,7 @@ class BudgetGuard(TrioActor):
             cost = sum(ledger.account(call.model, call.usage, query_usage=call.query_usage) for call in message.calls)
             if self.parent is not None and cost:
                 self.parent.tell(HostSpend(cost_usd=cost))  # the host's total includes what was cut short
-            return self._status()
+            return ledger.status(host_exceeded=self._host_exceeded, models=True)
         if isinstance(message, CheckTokenBudget):
             return ledger.check_token_budget(message.global_turn_tokens)
         if isinstance(message, HostSpend):

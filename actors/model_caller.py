@@ -24,8 +24,7 @@ asking for the fallback model, if one is set. A 400 that asks for fewer output t
 `max_tokens` of `runtime.loop.max_tokens`, once per kind per call, outside `max_retries`. Prompt-too-long and
 `max_tokens` truncation are *withheld* (`CallEnded.withheld`) for the QueryLoop's recovery. A malformed stream (an event
 not a dict with a string `type`, or unreadable; a usage count not a non-negative integer; anything but a `ping` before
-`message_start`) is an `api_error` ModelError, never an unclassified exception. docs/design.md has the reasons.
-"""
+`message_start`) is an `api_error` ModelError, never an unclassified exception. docs/design.md has the reasons."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ class CallProgress:
 
     The QueryLoop reads it when it bills a call that was cut short (an abort): the spend the stream reported is
     kept. Raw `usage` objects, turned into a `Usage` only then. Also whether the consumer has gone (reported to
-    the loop once), and whether the loop has cut the call.
-    """
+    the loop once), and whether the loop has cut the call."""
 
     __slots__ = ("consumer_gone", "cut", "delta_usage", "held", "start_usage")
 
@@ -112,12 +110,12 @@ class CallFeed:
     Made by the QueryLoop, one per query, and used on the trio thread only. The loop's side: `accepting` (a task
     serves the feed: `feed` a call to it; else send it as a `StartCall`), `feed` and `close`. The ModelCaller's
     side: `serving` (the scope of the task serving it), `wait` and `take` (the loop's next call, without a
-    checkpoint when one is queued).
-    """
+    checkpoint when one is queued)."""
 
-    __slots__ = ("_calls", "_on_served", "calling", "serving")
+    __slots__ = ("_calls", "_on_served", "api_s", "calling", "serving")
 
     def __init__(self) -> None:
+        self.api_s = 0.0  # seconds the query's requests spent in the API, every attempt (`duration_api_ms`)
         self._calls: EventChannel[StartCall] = EventChannel(1)  # a few calls a query, each `push`ed: never waits
         self._on_served: Callable[[], None] | None = None
         self.serving: trio.CancelScope | None = None
@@ -367,7 +365,7 @@ class ModelCaller(TrioActor):
 
     async def _stream_once(self, call: StartCall, tries: _Tries) -> CallEnded:
         """One request (`tries.request`): forward its events, hand over its blocks; the end, or the provider's error."""
-        request = tries.request
+        request, sent = tries.request, trio.current_time()
         assembler = ResponseAssembler()
         stream = self.provider.stream(request)
         if telemetry.active is not None:  # the request's `chat` span, seeing its events (docs/telemetry.md)
@@ -410,6 +408,8 @@ class ModelCaller(TrioActor):
                 if completed is not None:
                     self._hand_over(completed, assembler, call)
         finally:
+            if call.feed is not None:  # the query's API time (`duration_api_ms`): every attempt, whatever its end
+                call.feed.api_s += trio.current_time() - sent
             await stream.aclose()
         return self._ended(call, request, assembler)
 

@@ -41,6 +41,7 @@ from queryloop.runtime.loop.events import (
     Event,
     ResultMessage,
     StreamRequestStart,
+    SystemMessage,
     TranscriptMessage,
     Usage,
     UserMessage,
@@ -134,6 +135,11 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
     if log is not None:
         log.write(first)
     state = initial_state([first])
+    # The query's `init` notice, as the QueryLoop opens it (`sdk_fields.init_message`).
+    yield SystemMessage(
+        subtype="init",
+        data={"type": "system", "subtype": "init", "model": options.model, "tools": [t.name for t in tools]},
+    )
     unsettled: list[tuple[str, Usage]] = []
     text, message_id = "", ""
     stop_reason = None

@@ -14,6 +14,7 @@ import trio
 from loguru import logger
 
 from queryloop import Runtime
+from queryloop.actors.query_loop.run import TRANSCRIPT_TYPES
 from queryloop.runtime.host.session import QueryHandle, Session
 from queryloop.runtime.loop.events import QueryEvent, UserMessage
 from queryloop.runtime.loop.model import FallbackTriggered, ModelRequest
@@ -194,3 +195,9 @@ def hang_guard(seconds: float, what: str) -> Iterator[None]:
 def logged_uuids(path: Path) -> set[str]:
     """The uuids of the message records a transcript file holds now (every write is whole lines)."""
     return {json.loads(line).get("uuid") for line in path.read_bytes().splitlines()}
+
+
+def kept(event: object) -> bool:
+    """A transcript message the session keeps: in its conversation and its file (the `system` `init` notice each
+    query opens with, for the host only, is neither)."""
+    return isinstance(event, TRANSCRIPT_TYPES) and getattr(event, "subtype", None) != "init"

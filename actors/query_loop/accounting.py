@@ -58,8 +58,9 @@ class QueryAccounts:
         """One main-loop call's usage, priced at `model`'s rates: the query's totals after it."""
         raise NotImplementedError
 
-    def charge_spend(self, usage: Usage, cost_usd: float) -> TrioFuture[BudgetStatus]:
-        """Spend priced already (a subagent's, call by call), counted as the query's: the totals after it."""
+    def charge_spend(self, model: str, usage: Usage, cost_usd: float, agent_usage: bool) -> TrioFuture[BudgetStatus]:
+        """Spend priced already (a subagent's, call by call, at `model`), counted as the query's: the totals after
+        it. Its tokens join the query's `model_usage`, not its `usage` (`BudgetLedger.add`)."""
         raise NotImplementedError
 
     def settle(self, calls: list[tuple[str, Usage]]) -> TrioFuture[BudgetStatus]:
@@ -95,14 +96,14 @@ class LedgerAccounts(QueryAccounts):
         self.ledger.account(model, usage)
         return _answered(self.ledger.status())
 
-    def charge_spend(self, usage: Usage, cost_usd: float) -> TrioFuture[BudgetStatus]:
-        self.ledger.add(usage, cost_usd)  # a ledger that is itself a subagent's reports it further up
+    def charge_spend(self, model: str, usage: Usage, cost_usd: float, agent_usage: bool) -> TrioFuture[BudgetStatus]:
+        self.ledger.add(model, usage, cost_usd, agent_usage=agent_usage)  # a subagent's ledger reports it further up
         return _answered(self.ledger.status())
 
     def settle(self, calls: list[tuple[str, Usage]]) -> TrioFuture[BudgetStatus]:
         for model, usage in calls:
             self.ledger.account(model, usage)
-        return _answered(self.ledger.status())
+        return _answered(self.ledger.status(models=True))
 
     def check_token_budget(self, global_turn_tokens: int) -> TrioFuture[TokenBudgetDecision]:
         return _answered(self.ledger.check_token_budget(global_turn_tokens))
@@ -132,8 +133,8 @@ class GuardAccounts(QueryAccounts):
     def charge(self, model: str, usage: Usage) -> TrioFuture[BudgetStatus]:
         return self._ask(RecordUsage(model=model, usage=usage, query_usage=True))
 
-    def charge_spend(self, usage: Usage, cost_usd: float) -> TrioFuture[BudgetStatus]:
-        return self._ask(RecordSpend(usage=usage, cost_usd=cost_usd))
+    def charge_spend(self, model: str, usage: Usage, cost_usd: float, agent_usage: bool) -> TrioFuture[BudgetStatus]:
+        return self._ask(RecordSpend(model=model, usage=usage, cost_usd=cost_usd, agent_usage=agent_usage))
 
     def settle(self, calls: list[tuple[str, Usage]]) -> TrioFuture[BudgetStatus]:
         records = [RecordUsage(model=model, usage=usage, query_usage=True) for model, usage in calls]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from queryloop.actors.budget_guard import BudgetStatus
+from queryloop.actors.query_loop import sdk_fields
 from queryloop.actors.query_loop.messages import Settled
 from queryloop.actors.query_loop.run import QueryPhase, Run, Turn, add_tool_results
 from queryloop.actors.query_loop.turn import close_response, drain_in_ending
@@ -126,6 +127,7 @@ async def model_error(loop: QueryLoop, run: Run, turn: Turn, error: ModelError) 
     """A model call failed for good: its tool uses answered, the error surfaced. The query ends `api_error`, or
     `model_error` for a model that cannot be used (`api_failure_terminal`), or `image_error`."""
     run.begin_ending()
+    run.api_error_status = error.status
     if turn.pending:
         loop.stop_workers_soon()  # the tools the failed response started stop now
     collect_remaining(loop, run, turn, f"Error: {error.message}")
@@ -231,18 +233,19 @@ def settle(loop: QueryLoop, run: Run) -> TrioFuture[BudgetStatus]:
 
 def send_outcome(loop: QueryLoop, run: Run, terminal: Terminal, turn_count: int, totals: BudgetStatus) -> None:
     """`Settled`, then the `result`: the query's last events."""
-    reason = terminal.reason
+    reason, options = terminal.reason, run.setup.options
     errors: list[str] = []
     if reason == "max_turns":
-        errors.append(f"Reached maximum number of turns ({run.setup.options.max_turns})")
+        errors.append(f"Reached maximum number of turns ({options.max_turns})")
     elif reason == "max_budget_usd":
-        errors.append(budget_error(run.setup.options.max_budget_usd, totals.query_cost_usd))
+        errors.append(budget_error(options.max_budget_usd, totals.query_cost_usd))
     elif terminal.error:
         errors.append(terminal.error)
     if run.disk_error is not None and run.disk_error != terminal.error:  # an abort cut the wait for room
         errors.append(run.disk_error)
     errors.extend(run.hook_errors)  # non-blocking: they change neither the subtype nor is_error
     run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
+    claude_code_reason = sdk_fields.terminal_reason(terminal)
     result = ResultMessage(
         subtype=result_subtype(reason),
         is_error=result_is_error(reason, run.api_error_surfaced),
@@ -259,6 +262,11 @@ def send_outcome(loop: QueryLoop, run: Run, terminal: Terminal, turn_count: int,
         user_message_uuid=run.setup.prompt_uuid,
         user_message_uuids=[run.setup.prompt_uuid, *(m.prompt.uuid for m in run.absorbed or ())],
         permission_denials=list(run.permission_denials),  # the host's own list, never the shared empty one
+        terminal_reason=claude_code_reason,
+        model_usage=sdk_fields.model_usage(options, totals.models),
+        duration_api_ms=sdk_fields.duration_api_ms(run),
+        api_error_status=sdk_fields.api_error_status(claude_code_reason, run),
+        session_id=sdk_fields.session_id(loop),
     )
     run.begin_ending()
     settled = Settled(terminal=terminal, transitions=list(run.transitions))

@@ -15,10 +15,10 @@ from queryloop.actors.compactor import context_config
 from queryloop.actors.query_loop.lifecycle import session_start
 from queryloop.actors.query_loop.messages import RunQuery
 from queryloop.actors.query_loop.run import PhaseScope, QuerySetup, Run
+from queryloop.actors.query_loop.sdk_fields import init_message, session_id
 from queryloop.actors.query_loop.stopping import hook_error
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime import telemetry
-from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.control import control_plane, permission_asker
 from queryloop.runtime.loop.event_hooks import QueryHooks, effect_messages
 from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
@@ -83,6 +83,8 @@ def new_run(loop: QueryLoop, message: RunQuery) -> Run:
         opening=message.opening,
         **control(loop, options),
     )
+    if loop.agent is None and message.control.abort_reason is None:  # a session's query opens with it, first
+        message.sink.push(init_message(loop, setup))  # (not a subagent's, nor one aborted before it started)
     return Run(setup=setup, caches=caches, model=options.model, structured=structured)
 
 
@@ -140,14 +142,6 @@ async def _user_prompt_submit(
         return Terminal(reason="hook_stopped", error=f"Prompt blocked by UserPromptSubmit hook: {blocked}")
     added, stop = effect_messages("UserPromptSubmit", verdict.read)
     return list(added), stop
-
-
-def session_id(loop: QueryLoop) -> str:
-    """The session's id: a subagent's loop gets its session's, as Claude Code's hooks and spans do."""
-    group = loop.supervisor
-    while isinstance(group, Supervisor) and group.parent is not None:
-        group = group.parent
-    return group.session_id
 
 
 def query_span(loop: QueryLoop, run: Run) -> telemetry.QuerySpan | None:

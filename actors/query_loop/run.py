@@ -213,6 +213,11 @@ class Run:
     last_text: str = ""
     last_message_id: str = ""
     api_error_surfaced: bool = False
+    api_error_status: int | None = None
+    """The HTTP status of the query's latest failed call (`turn.end_call`): its result's `api_error_status` when
+    the query ends on that error."""
+    agents_api_ms: int = 0
+    """What the query's subagents spent in API calls (their results' `duration_api_ms`)."""
     phase: QueryPhase = QueryPhase.RUNNING
     phase_scope: trio.CancelScope | None = None
     """The cancel scope of the step in flight that awaits code of others (`PhaseScope`), where `abort` finds it."""

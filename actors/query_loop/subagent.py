@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
-from queryloop.actors.budget_guard import BudgetLedger, BudgetStatus
+from queryloop.actors.budget_guard import BudgetLedger, BudgetStatus, SpendAbove
 from queryloop.actors.compactor import SESSION_DIR
 from queryloop.actors.model_caller import ModelCaller
 from queryloop.actors.query_loop.lifecycle import subagent_start
@@ -214,20 +214,7 @@ class Subagents:
         group = cast("Supervisor", parent.supervisor)
         agent_id = f"{group.session_id}/{tool_use_id}"
         child = group.child(agent_id)
-        usage_by_agent = run.agent_usage
-        if usage_by_agent is None:
-            usage_by_agent = run.agent_usage = {}
-        usage_by_agent[agent_id] = AgentUsage(
-            agent_type=args.subagent_type, parent_tool_use_id=tool_use_id, usage=Usage(), total_cost_usd=0.0
-        )
-
-        def above(usage: Usage, cost: float) -> bool:
-            spent = usage_by_agent[agent_id]
-            usage_by_agent[agent_id] = dataclasses.replace(
-                spent, usage=spent.usage + usage, total_cost_usd=spent.total_cost_usd + cost
-            )
-            return self._charge(run, usage, cost)
-
+        above = self._spend_above(run, agent_id, args.subagent_type, tool_use_id)
         log = parent.transcript
         sidechain = (
             SidechainLog(log, agent_id=agent_id, agent_type=args.subagent_type, parent_tool_use_id=tool_use_id)
@@ -277,6 +264,8 @@ class Subagents:
             )
             handed_over = True
             result = await _relay(events, channel, tool_use_id)
+            if result is not None:
+                run.agents_api_ms += result.duration_api_ms
             if child.failure is not None:
                 raise ToolError(f"the {args.subagent_type} agent crashed: {child.failure}")
             conversation = await loop.ask(GetConversation(), block=False)
@@ -297,9 +286,30 @@ class Subagents:
             raise ToolError(f"the {args.subagent_type} agent stopped ({result.subtype}): {why}")
         return result.result or f"(the {args.subagent_type} agent returned no text)"
 
-    def _charge(self, run: Run, usage: Usage, cost: float) -> bool:
+    def _spend_above(self, run: Run, agent_id: str, agent_type: str, tool_use_id: str) -> SpendAbove:
+        """How the child's ledger reports each priced call: into the parent's `usage_by_agent` entry for it (its
+        own query tokens, not its side calls'), then to the parent's accounts (`_charge`)."""
+        usage_by_agent = run.agent_usage
+        if usage_by_agent is None:
+            usage_by_agent = run.agent_usage = {}
+        usage_by_agent[agent_id] = AgentUsage(
+            agent_type=agent_type, parent_tool_use_id=tool_use_id, usage=Usage(), total_cost_usd=0.0
+        )
+
+        def above(model: str, usage: Usage, cost: float, agent_usage: bool) -> bool:
+            spent = usage_by_agent[agent_id]
+            usage_by_agent[agent_id] = dataclasses.replace(
+                spent,
+                usage=spent.usage + usage if agent_usage else spent.usage,
+                total_cost_usd=spent.total_cost_usd + cost,
+            )
+            return self._charge(run, model, usage, cost, agent_usage)
+
+        return above
+
+    def _charge(self, run: Run, model: str, usage: Usage, cost: float, agent_usage: bool) -> bool:
         """A child's priced call, counted as the parent query's; True when the parent's cap is reached."""
-        answer = self._parent.accounts.charge_spend(usage, cost)
+        answer = self._parent.accounts.charge_spend(model, usage, cost, agent_usage)
 
         def answered(future: TrioFuture[BudgetStatus]) -> None:
             try:

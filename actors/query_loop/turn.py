@@ -268,6 +268,8 @@ def end_call(loop: QueryLoop, run: Run, turn: Turn, ended: CallEnded) -> Usage |
     turn.ended = ended
     close_response(loop, turn)
     if ended.stop_reason is None:
+        if ended.error is not None:
+            run.api_error_status = ended.error.status
         return None
     run.last_stop_reason = ended.stop_reason
     turn.usage_recorded = True

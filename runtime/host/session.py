@@ -55,6 +55,11 @@ put in the channel as the provider streamed it and wrapped in its `StreamEvent` 
 an event waiting for the consumer then keeps one object alive, not two (fewer for the collector to walk at a
 thousand queries at once). Every other item is an event as is."""
 
+_setattr = object.__setattr__
+"""Sets an event's `session_id` as the handle hands it out, past the record's frozen `__setattr__`: the events a
+session's actors make (a thousand a query) get their session's id at the one place they all pass, not each where
+it is made. An event is the session's own (no one else holds it), and its id the same wherever it is seen."""
+
 
 class QueryHandle:
     """Iterate it for the query's events; then read `terminal`, `result`, `transitions`.
@@ -75,6 +80,8 @@ class QueryHandle:
         self, session: Session, events: EventChannel[Any], control: QueryControl, transcript: TranscriptLog | None
     ) -> None:
         self._session = session
+        self._session_id = session.id
+        """Set on every event as it is handed out (`Event.session_id`: the SDK's field, a subagent's events too)."""
         self._events = events
         self._control = control
         self._transcript = transcript
@@ -130,8 +137,9 @@ class QueryHandle:
                 events.admit_waiting_sender()
             kind = type(item)
             if kind is dict:  # a raw stream event (most of them): wrapped as it is handed out
-                return stream_event(item)
-            if kind not in _BOOKKEEPING:  # every other event: returned as it is
+                return stream_event(item, self._session_id)
+            if kind not in _BOOKKEEPING:  # every other event: returned as it is, its session's id set
+                _setattr(item, "session_id", self._session_id)
                 event: QueryEvent = item
                 return event
             received = self._received(item)
@@ -204,12 +212,13 @@ class QueryHandle:
         """What one item of the channel is to the consumer: an event, or None for the end's bookkeeping."""
         kind = type(item)
         if kind is dict:
-            return stream_event(item)
+            return stream_event(item, self._session_id)
         if kind is Settled:
             self._terminal, self._transitions = item.terminal, item.transitions
             return None
         if kind is ResultMessage:
             self._result = item
+        _setattr(item, "session_id", self._session_id)
         event: QueryEvent = item
         return event
 

@@ -21,10 +21,10 @@ refills right after each autocompaction (`rapid_refill_breaker_holds`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
 from queryloop.runtime.loop.context import ContextLimits
-from queryloop.runtime.loop.events import AssistantMessage, ResultSubtype, Usage
+from queryloop.runtime.loop.events import AssistantMessage, ClaudeCodeTerminalReason, ResultSubtype, Usage
 from queryloop.runtime.loop.state import (
     MAX_OUTPUT_TOKENS_RECOVERY_LIMIT,
     RAPID_REFILL_LIMIT,
@@ -215,3 +215,18 @@ ERROR_TERMINALS: frozenset[str] = frozenset(
 def result_is_error(reason: TerminalReason, api_error_surfaced: bool) -> bool:
     """Errors, aborts and limits are errors; so is a `completed` query whose last word was an API error."""
     return reason in ERROR_TERMINALS or api_error_surfaced
+
+
+_CLAUDE_CODE_NAMES: dict[str, ClaudeCodeTerminalReason] = {
+    "max_budget_usd": "budget_exhausted",
+    "max_structured_output_retries": "structured_output_retry_exhausted",
+}
+"""The runtime's reasons Claude Code names otherwise; every other reason is Claude Code's own name
+(`api_error`: a model call that failed for good; `model_error`: a model that cannot be used, docs/design.md,
+"Terminal reasons")."""
+
+
+def claude_code_terminal_reason(reason: TerminalReason) -> ClaudeCodeTerminalReason:
+    """The result's `terminal_reason`: `reason` in Claude Code's vocabulary (`ClaudeCodeTerminalReason`)."""
+    named = _CLAUDE_CODE_NAMES.get(reason)
+    return named if named is not None else cast("ClaudeCodeTerminalReason", reason)

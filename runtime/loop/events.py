@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, TypeAdapter
+from typing_extensions import TypedDict
 
 from queryloop.runtime._records import maker, record
 
@@ -170,6 +171,8 @@ class UserMessage(Event):
     """Written by the runtime for the model (recovery prompts, hook feedback), not typed by a person."""
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
 @record
@@ -188,6 +191,8 @@ class AssistantMessage(Event):
     """A synthetic message that reports an API error to the user; never sent back to the model."""
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
 assistant_message: Callable[[str, str, str, list[Block], Usage | None], AssistantMessage] = maker(
@@ -218,6 +223,8 @@ class SystemMessage(Event):
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
 @record
@@ -229,6 +236,8 @@ class AttachmentMessage(Event):
     attachment: dict[str, Any]
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
 TranscriptMessage = Annotated[
@@ -243,8 +252,11 @@ class StreamRequestStart(Event):
     """A model call starts (one per request, retries and fallbacks included)."""
 
     type: Literal["stream_request_start"] = "stream_request_start"
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
 @record
@@ -252,13 +264,21 @@ class StreamEvent(Event):
     """A raw Messages API stream event, passed through as received (the provider's own dict, not a copy)."""
 
     type: Literal["stream_event"] = "stream_event"
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     event: dict[str, Any]
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
-stream_event: Callable[[dict[str, Any]], StreamEvent] = maker(StreamEvent, "event")
-"""`StreamEvent(event=raw)`, made a third cheaper: the ModelCaller makes one for every streamed event."""
+_stream_event: Callable[[dict[str, Any], str, str], StreamEvent] = maker(StreamEvent, "event", "uuid", "session_id")
+
+
+def stream_event(raw: dict[str, Any], session_id: str = "") -> StreamEvent:
+    """`StreamEvent(event=raw, session_id=session_id)` with a new `uuid`, made a third cheaper (a `maker`): the
+    consumer's handle makes one for every streamed event as it hands it out."""
+    return _stream_event(raw, f"m{_process}-{next(_uuids)}", session_id)
 
 
 @record
@@ -266,10 +286,13 @@ class ProgressEvent(Event):
     """What a tool reported through `ctx.progress(...)` while it ran."""
 
     type: Literal["progress"] = "progress"
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     tool_use_id: str
     data: Any
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
 @record
@@ -277,9 +300,12 @@ class TombstoneEvent(Event):
     """Retracts an assistant message already emitted (its response was abandoned on fallback)."""
 
     type: Literal["tombstone"] = "tombstone"
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     message_uuid: str
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
 @record
@@ -287,10 +313,13 @@ class ToolUseSummaryEvent(Event):
     """A one-line summary of a tool batch (with `tool_use_summaries=True`)."""
 
     type: Literal["tool_use_summary"] = "tool_use_summary"
+    uuid: str = dataclasses.field(default_factory=new_uuid)
     summary: str
     preceding_tool_use_ids: list[str]
     parent_tool_use_id: str | None = None
     """Set on a subagent's events: the id of the parent's agent-tool call that runs it (claude-agent-sdk's field)."""
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (a subagent's events carry its session's too), set as the consumer takes the event."""
 
 
 @record
@@ -301,6 +330,46 @@ class AgentUsage(Model):
     parent_tool_use_id: str
     usage: Usage
     total_cost_usd: float
+
+
+ClaudeCodeTerminalReason = Literal[
+    "completed",
+    "max_turns",
+    "background_requested",
+    "aborted_streaming",
+    "aborted_tools",
+    "hook_stopped",
+    "stop_hook_prevented",
+    "tool_deferred",
+    "tool_deferred_unavailable",
+    "blocking_limit",
+    "rapid_refill_breaker",
+    "prompt_too_long",
+    "image_error",
+    "model_error",
+    "api_error",
+    "malformed_tool_use_exhausted",
+    "budget_exhausted",
+    "structured_output_retry_exhausted",
+    "turn_setup_failed",
+]
+"""Why a query ended, in Claude Code's words (its SDK's `TerminalReason`, all nineteen values): the result's
+`terminal_reason`. The runtime's own `Terminal.reason` maps onto it (`decisions.claude_code_terminal_reason`;
+docs/design.md has the table, and the values this runtime never produces)."""
+
+
+class ModelUsage(TypedDict):
+    """What one model's calls in a query used and cost: a value of the result's `model_usage`, keyed as the
+    Agent SDK's `ModelUsage` is (camelCase, as the CLI's `modelUsage` passes it through)."""
+
+    inputTokens: int
+    outputTokens: int
+    cacheReadInputTokens: int
+    cacheCreationInputTokens: int
+    webSearchRequests: int
+    costUSD: float
+    contextWindow: int
+    maxOutputTokens: int
 
 
 ResultSubtype = Literal[
@@ -332,7 +401,8 @@ class ResultMessage(Event):
     `prevent`), then the text of each non-blocking hook error (`hook_error` system events), in order.
     Hook errors change neither `subtype` nor `is_error`: a `success` may carry them."""
     usage_by_agent: dict[str, AgentUsage] = dataclasses.field(default_factory=dict)
-    """Per subagent (by agent id) of this query: what it spent. `usage` and `total_cost_usd` include it."""
+    """Per subagent (by agent id) of this query: what it spent. `total_cost_usd` includes it; `usage`, the main
+    loop's own calls only (Claude Code's count), does not."""
     structured_output: dict[str, Any] | None = None
     """The query's answer as `QueryOptions.output_type` data (its JSON form), when one was given."""
     user_message_uuid: str | None = None
@@ -344,6 +414,20 @@ class ResultMessage(Event):
     permission_denials: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Each tool call whose permission was denied (by a PreToolUse hook, a rule, the mode or `can_use_tool`), in
     order: `tool_name`, `tool_use_id`, `tool_input` (claude-agent-sdk's field)."""
+    terminal_reason: ClaudeCodeTerminalReason | None = None
+    """Why the query ended, in Claude Code's vocabulary (`ClaudeCodeTerminalReason`; claude-agent-sdk's field)."""
+    model_usage: dict[str, ModelUsage] = dataclasses.field(default_factory=dict)
+    """Per model, every call the query paid for: the main loop's, its subagents', its tool-use summaries' and
+    compactions' (claude-agent-sdk's field, keyed as its `ModelUsage`). Their costs sum to `total_cost_usd`."""
+    duration_api_ms: int = 0
+    """Time spent in API calls: the main loop's requests (every attempt, retries and fallbacks included) and its
+    subagents' (claude-agent-sdk's field)."""
+    api_error_status: int | None = None
+    """The HTTP status of the API error the query ended on (429, 500, 529, ...); None otherwise, and for an
+    error that had none (a cut connection; claude-agent-sdk's field)."""
+    uuid: str = dataclasses.field(default_factory=new_uuid)
+    session_id: str = dataclasses.field(default="", compare=False)
+    """The session's id (claude-agent-sdk's field), as on every event."""
 
 
 QueryEvent = Annotated[

@@ -137,6 +137,7 @@ async def test_a_post_tool_use_hook_error_does_not_hide_another_hooks_prevent() 
             if isinstance(e, UserMessage | SystemMessage | AttachmentMessage)
         ]
         assert after_results == [
+            "system:init",
             "user",
             "system:hook_error",
             "hook_stopped_continuation",

@@ -89,7 +89,7 @@ async def test_completed_after_a_tool_turn_reports_success_with_usage_cost_and_t
     assert (result.usage.input_tokens, result.usage.output_tokens) == (3000, 150)
     assert result.total_cost_usd == pytest.approx((3000 * 3.0 + 150 * 15.0) / 1e6)
     assert ran.tool_results()["t1"]["content"] == "file text"
-    assert ran.labels[0] == "stream_request_start"
+    assert ran.labels[:2] == ["system:init", "stream_request_start"]
     await assert_settled(ran)
 
 
@@ -462,7 +462,7 @@ async def test_abort_before_start_makes_no_model_call() -> None:
         ran = await consume(session, handle, model)
         assert ran.reason == "aborted_streaming"
         assert model.requests == []
-        assert ran.labels == ["user", "result"]  # the interruption message, then the result
+        assert ran.labels == ["system:init", "user", "result"]  # the start, the interruption message, the result
         await assert_settled(ran)
 
 
@@ -549,7 +549,7 @@ async def test_rate_limit_retry_honours_retry_after(autojump_clock: trio.testing
     async with Runtime.open() as runtime:
         start = trio.current_time()
         ran = await run_query(runtime, [{"error": "rate_limit", "retry_after_s": 7}, text_reply()])
-        retry = next(e for e in ran.events if isinstance(e, SystemMessage))
+        retry = next(e for e in ran.events if isinstance(e, SystemMessage) and e.subtype == "api_retry")
         assert retry.data["delay_s"] == 7
         assert trio.current_time() - start == pytest.approx(7)
         await assert_settled(ran)
@@ -1285,7 +1285,7 @@ async def test_an_abort_while_a_slow_consumer_holds_the_stream_back_answers_ever
             events = []
             async for event in handle:
                 events.append(event)
-                if len(events) == read_before_abort:
+                if len(events) == read_before_abort + 1:  # the `init` event, then as many as before it had
                     break
             await trio.testing.wait_all_tasks_blocked()
             session.abort_nowait("user")

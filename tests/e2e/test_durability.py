@@ -25,7 +25,6 @@ import trio
 import trio.testing
 
 from queryloop import Runtime
-from queryloop.actors.query_loop.run import TRANSCRIPT_TYPES
 from queryloop.runtime.loop import persistence
 from queryloop.runtime.loop.events import AssistantMessage, ResultMessage, TombstoneEvent, UserMessage
 from queryloop.runtime.loop.model import ModelRequest
@@ -39,6 +38,7 @@ from tests.helpers import (
     assert_settled,
     consume,
     hang_guard,
+    kept,
     logged_uuids,
     scripted_tool,
     text_reply,
@@ -65,14 +65,14 @@ async def test_every_message_is_in_the_file_before_the_consumer_receives_it(tmp_
         session = await runtime.open_session(QueryOptions(provider=model, tools=tools), transcript=path)
         received: list[str] = []
         async for event in session.query("Fix the bug"):
-            if isinstance(event, TRANSCRIPT_TYPES):
+            if kept(event):
                 assert event.uuid in logged_uuids(path), f"{event!r} reached the consumer before the file"
                 received.append(event.uuid)
         assert len(received) == 8  # 3 + 1 + 1 blocks and 3 results (the prompt is not an event)
         # An aborted query: its ending (synthetic results, the interruption) is written before it is received too.
         handle = session.query("Again")
         async for event in handle:
-            if isinstance(event, TRANSCRIPT_TYPES):
+            if kept(event):
                 assert event.uuid in logged_uuids(path)
                 received.append(event.uuid)
             if isinstance(event, AssistantMessage):
@@ -97,7 +97,7 @@ async def test_every_message_of_a_batch_is_in_the_file_before_the_batch_is_hande
     while batch := await handle.next_batch():
         logged = logged_uuids(transcript_path)
         for event in batch:
-            if isinstance(event, TRANSCRIPT_TYPES):
+            if kept(event):
                 assert event.uuid in logged, f"{event!r} was handed over before the file had it"
                 received += 1
     assert received == 6  # 3 + 1 blocks and 2 results
@@ -156,7 +156,7 @@ async def test_fsync_runs_off_the_trio_thread_at_each_continue_site_and_at_each_
         await assert_settled(second)
         everything = {m.uuid for m in await session.transcript()}
         await session.close()
-    uuids = [e.uuid for e in first.events if isinstance(e, TRANSCRIPT_TYPES)]
+    uuids = [e.uuid for e in first.events if kept(e)]
     # Opening (the session record), the two continue sites (each after its turn's results), and the end
     # of each query: nothing per event, nothing per model call.
     assert len(synced) == 5
@@ -338,8 +338,8 @@ async def main(path):
         session = await runtime.open_session(QueryOptions(provider=Announced(model), tools=tools), transcript=path)
         report("ready")
         async for event in session.query("Run them"):
-            if event.type in ("user", "assistant", "system", "attachment"):
-                report(event.uuid)  # after receiving it
+            if event.type in ("user", "assistant", "system", "attachment") and event.label != "system:init":
+                report(event.uuid)  # after receiving it (the `init` notice is not the conversation's)
         report("done")
 
 

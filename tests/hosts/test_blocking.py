@@ -92,7 +92,7 @@ def test_the_runtime_thread_ends_on_close() -> None:
     rt = BlockingRuntime().start()
     session = rt.open_session(QueryOptions(provider=ScriptedModel([text_reply()])))
     query = session.query("hi")
-    assert next(iter(query)).label == "stream_request_start"
+    assert next(iter(query)).label == "system:init"
     rt.close()  # the query is still open: closing the runtime ends it too
     assert not any(t.name == "queryloop-runtime" for t in threading.enumerate())
     with pytest.raises(Exception, match="not running"):

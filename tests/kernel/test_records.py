@@ -69,11 +69,12 @@ def test_a_record_is_frozen() -> None:
 
 def test_a_makers_record_equals_the_class_calls_and_is_frozen_as_well() -> None:
     raw = {"type": "ping"}
-    made = stream_event(raw)
-    assert made == StreamEvent(event=raw)
+    made = stream_event(raw, "s1")
+    assert made == StreamEvent(event=raw, uuid=made.uuid, session_id="s1")
     assert type(made) is StreamEvent
     assert made.event is raw  # the provider's dict, shared
-    assert made.model_dump() == StreamEvent(event=raw).model_dump()
+    assert made.uuid != stream_event(raw).uuid  # each its own, as the SDK's
+    assert made.model_dump() == StreamEvent(event=raw, uuid=made.uuid, session_id="s1").model_dump()
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.parent_tool_use_id = "t1"  # type: ignore[misc]
     assert usage_of(1, 2, 3, 4) == Usage(
@@ -142,6 +143,7 @@ def test_model_dump_is_a_new_tree_and_model_validate_reads_it_back() -> None:
         },
         "is_api_error": False,
         "parent_tool_use_id": None,
+        "session_id": "",
     }
     assert dumped["content"][0] is not message.content[0]
     assert json.loads(message.model_dump_json()) == message.model_dump(mode="json") == dumped

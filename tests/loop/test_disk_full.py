@@ -18,7 +18,6 @@ import pytest
 import trio.testing
 
 from queryloop import AgentDefinition, QueryHandle, Runtime, Session
-from queryloop.actors.query_loop.run import TRANSCRIPT_TYPES
 from queryloop.runtime.loop.disk import (
     DISK_FULL_WAIT_S,
     FIRST_RETRY_S,
@@ -34,7 +33,7 @@ from queryloop.runtime.loop.persistence import TranscriptLog
 from queryloop.runtime.loop.restore import load_transcript
 from queryloop.runtime.providers.scripted import ScriptedModel
 from tests.agent_helpers import ByPrompt, agent_call
-from tests.helpers import logged_uuids, scripted_tool, text_reply, tool_use, tools_reply
+from tests.helpers import kept, logged_uuids, scripted_tool, text_reply, tool_use, tools_reply
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/dev/full and /proc/self/fd are Linux's")
 
@@ -66,7 +65,7 @@ def disk_full(path: Path) -> Iterator[None]:
 
 
 def assert_in_file(event: QueryEvent, path: Path) -> None:
-    if isinstance(event, TRANSCRIPT_TYPES):
+    if kept(event):
         assert event.uuid in logged_uuids(path), f"{event!r} reached the consumer, its record did not reach the file"
 
 
@@ -278,7 +277,7 @@ async def test_a_loop_whose_disk_has_room_again_within_the_bound_completes_its_q
         assert handle.result is not None
         assert handle.result.subtype == "success"
         assert handle.result.result == "Second."
-        uuids = [event.uuid for event in received if isinstance(event, TRANSCRIPT_TYPES)]
+        uuids = [event.uuid for event in received if kept(event)]
         assert len(uuids) == len(set(uuids)) == 1  # the reply, once
         transcript = await session.transcript()
         await session.close()
@@ -294,7 +293,7 @@ async def test_a_disk_full_past_the_bound_ends_the_query_with_an_error_naming_th
     path = tmp_path / "t.jsonl"
     async with Runtime.open() as runtime:
         session = await first_query_done(runtime, path)
-        kept = await session.transcript()
+        conversation = await session.transcript()
         started = trio.current_time()
         with disk_full(path):
             handle = session.query("Two")
@@ -307,7 +306,7 @@ async def test_a_disk_full_past_the_bound_ends_the_query_with_an_error_naming_th
         assert result.is_error
         assert names_the_full_disk(result.errors, path)
         assert handle.abort_reason is None
-        assert load_transcript(path).messages == kept  # its prompt is not in the file: it is still buffered
+        assert load_transcript(path).messages == conversation  # its prompt is not in the file: it is still buffered
         transcript = await next_query_writes_what_was_buffered(session, path)  # room again
     assert [m.content for m in transcript if isinstance(m, UserMessage)] == ["One", "Two", "Three"]
 
