@@ -307,14 +307,20 @@ def max_output_tokens_recovery(
 ) -> State:
     """Truncated again: keep the partial answer and ask the model to resume (escalated limit kept)."""
     attempt = state.max_output_tokens_recovery_count + 1
+    return _resumed(state, [*messages_for_query, *assistant_messages, recovery_message], attempt,
+                    MaxOutputTokensRecovery(attempt=attempt))  # fmt: skip
+
+
+def _resumed(state: State, messages: list[TranscriptMessage], attempt: int, transition: Continue) -> State:
+    """The continue site of a response asked to resume (cut off or truncated): one count, one cap of 3."""
     return _evolve(
         state,
-        messages=[*messages_for_query, *assistant_messages, recovery_message],
+        messages=messages,
         max_output_tokens_recovery_count=attempt,
         pending_tool_use_summary=None,
         stop_hook_active=False,
         stop_hook_blocks=0,
-        transition=MaxOutputTokensRecovery(attempt=attempt),
+        transition=transition,
     )
 
 
@@ -442,15 +448,8 @@ def truncated_response_recovery(
     """The stream was cut after visible output: keep what completed, ask the model to resume from where it
     stops. Counted with the max-output-tokens recoveries (one cap of 3 for both, as Claude Code 2.1 shares it)."""
     attempt = state.max_output_tokens_recovery_count + 1
-    return _evolve(
-        state,
-        messages=[*messages_for_query, *assistant_messages, recovery_message],
-        max_output_tokens_recovery_count=attempt,
-        pending_tool_use_summary=None,
-        stop_hook_active=False,
-        stop_hook_blocks=0,
-        transition=TruncatedResponseRecovery(attempt=attempt),
-    )
+    return _resumed(state, [*messages_for_query, *assistant_messages, recovery_message], attempt,
+                    TruncatedResponseRecovery(attempt=attempt))  # fmt: skip
 
 
 def malformed_tool_use_retry(
