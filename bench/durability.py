@@ -103,8 +103,9 @@ async def _work(path: Path, report: int, model_ms: float) -> None:
         session = await runtime.open_session(QueryOptions(provider=model, tools=TOOLS), transcript=path)
         os.write(report, b"ready\n")
         async for event in session.query(PROMPT):
-            if isinstance(event, TRANSCRIPT_TYPES):
-                os.write(report, f"{event.uuid}\n".encode())  # after receiving it: one write, kept by a kill
+            # After receiving it: one write, kept by a kill (the `init` notice is the host's, not the conversation's).
+            if isinstance(event, TRANSCRIPT_TYPES) and event.label != "system:init":
+                os.write(report, f"{event.uuid}\n".encode())
         os.write(report, b"done\n")
 
 
