@@ -23,7 +23,13 @@ from queryloop.actors.query_loop.messages import Settled
 from queryloop.actors.query_loop.run import QueryPhase, Run, Turn, add_tool_results
 from queryloop.actors.query_loop.turn import close_response, drain_in_ending
 from queryloop.runtime import telemetry
-from queryloop.runtime.loop.decisions import abort_terminal, api_failure_terminal, result_is_error, result_subtype
+from queryloop.runtime.loop.decisions import (
+    abort_terminal,
+    api_failure_terminal,
+    claude_code_terminal_reason,
+    result_is_error,
+    result_subtype,
+)
 from queryloop.runtime.loop.disk import disk_error_text
 from queryloop.runtime.loop.events import (
     AssistantMessage,
@@ -245,7 +251,7 @@ def send_outcome(loop: QueryLoop, run: Run, terminal: Terminal, turn_count: int,
         errors.append(run.disk_error)
     errors.extend(run.hook_errors)  # non-blocking: they change neither the subtype nor is_error
     run.usage, run.cost_usd = totals.query_usage, totals.query_cost_usd
-    claude_code_reason = sdk_fields.terminal_reason(terminal)
+    claude_code_reason = claude_code_terminal_reason(terminal.reason)
     result = ResultMessage(
         subtype=result_subtype(reason),
         is_error=result_is_error(reason, run.api_error_surfaced),

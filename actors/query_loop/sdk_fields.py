@@ -10,7 +10,6 @@ import os
 from typing import TYPE_CHECKING
 
 from queryloop.runtime.kernel.supervisor import Supervisor
-from queryloop.runtime.loop.decisions import claude_code_terminal_reason
 from queryloop.runtime.loop.events import ClaudeCodeTerminalReason, ModelUsage, SystemMessage
 from queryloop.runtime.loop.pricing import context_window_for
 
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
     from queryloop.actors.query_loop.loop import QueryLoop
     from queryloop.actors.query_loop.run import QuerySetup, Run
     from queryloop.runtime.loop.options import QueryOptions
-    from queryloop.runtime.loop.state import Terminal
 
 API_ERROR_REASONS: frozenset[ClaudeCodeTerminalReason] = frozenset({"api_error", "prompt_too_long", "image_error"})
 """The endings on an API error, whose HTTP status the result reports (`api_error_status`)."""
@@ -88,8 +86,3 @@ def api_error_status(reason: ClaudeCodeTerminalReason, run: Run) -> int | None:
 def duration_api_ms(run: Run) -> int:
     """The result's `duration_api_ms`: the query's requests (every attempt) and its subagents'."""
     return int(run.calls.api_s * 1000) + run.agents_api_ms
-
-
-def terminal_reason(terminal: Terminal) -> ClaudeCodeTerminalReason:
-    """The result's `terminal_reason` (`decisions.claude_code_terminal_reason`)."""
-    return claude_code_terminal_reason(terminal.reason)

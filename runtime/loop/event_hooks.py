@@ -169,6 +169,17 @@ def common_output(output: dict[str, Any], event: str) -> CommonOutput:
     return CommonOutput(not go_on, stop_reason, system_message, context)
 
 
+def block_reason(output: dict[str, Any], default: str) -> str | None:
+    """`decision: "block"`'s reason (`default` when it gives none), None without a decision; `HostCodeError` for
+    another decision or a reason that is not a string (the events whose only decision is a block)."""
+    decision = output.get("decision")
+    if decision is not None and decision != "block":
+        msg = f"returned decision {decision!r}, not 'block'"
+        raise HostCodeError(msg)
+    reason = checked_field(output, "reason", str, "a string")
+    return None if decision is None else reason or default
+
+
 def specific_output(output: dict[str, Any], event: str) -> dict[str, Any] | None:
     """`hookSpecificOutput`, checked to be a dict for `event` (its `hookEventName`, when given, names it)."""
     specific: dict[str, Any] | None = checked_field(output, "hookSpecificOutput", dict, "a dict")

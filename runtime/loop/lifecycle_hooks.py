@@ -21,9 +21,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 from loguru import logger
 
-from queryloop.runtime.loop.event_hooks import QueryHooks, ReadAnswers, read_answers, run_hooks, specific_output
+from queryloop.runtime.loop.event_hooks import (
+    QueryHooks,
+    ReadAnswers,
+    block_reason,
+    read_answers,
+    run_hooks,
+    specific_output,
+)
 from queryloop.runtime.loop.hooks import failure_text
-from queryloop.runtime.loop.host_code import HostCodeError, checked_field
 
 if TYPE_CHECKING:
     from queryloop.runtime.loop.sdk_hooks import HookMatcher
@@ -42,15 +48,10 @@ def session_end_budget_s(matchers: tuple[HookMatcher, ...]) -> float:
 
 
 def _read_pre_compact(value: dict[str, Any]) -> str | None:
-    """A PreCompact answer's block: its reason (Claude Code's wording without one), or None; another `decision`
-    is a `HostCodeError`."""
-    decision = value.get("decision")
-    if decision is not None and decision != "block":
-        msg = f"returned decision {decision!r}, not 'block'"
-        raise HostCodeError(msg)
+    """A PreCompact answer's block: its reason (Claude Code's wording without one), or None (`block_reason`)."""
+    reason = block_reason(value, "Compaction blocked by PreCompact hook")
     specific_output(value, "PreCompact")
-    reason = checked_field(value, "reason", str, "a string")
-    return None if decision is None else reason or "Compaction blocked by PreCompact hook"
+    return reason
 
 
 async def read_event(

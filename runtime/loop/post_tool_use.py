@@ -24,9 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from queryloop.runtime.loop.event_hooks import QueryHooks, ReadAnswers, read_answers, run_hooks, specific_output
+from queryloop.runtime.loop.event_hooks import (
+    QueryHooks,
+    ReadAnswers,
+    block_reason,
+    read_answers,
+    run_hooks,
+    specific_output,
+)
 from queryloop.runtime.loop.hooks import PostToolUseHook, PostToolUseInput
-from queryloop.runtime.loop.host_code import HostCodeError, checked_field, checked_hook_decision
+from queryloop.runtime.loop.host_code import checked_field, checked_hook_decision
 from queryloop.runtime.loop.sdk_hooks import HookMatcher
 
 if TYPE_CHECKING:
@@ -47,20 +54,14 @@ class PostToolUseOutput:
 def read_post_tool_use(value: dict[str, Any], *, mcp: bool) -> PostToolUseOutput:
     """One PostToolUse answer's own fields, or `HostCodeError` (a `decision` other than block, a reason that is
     not a string, a replacement output that is neither a string nor a list of blocks)."""
-    decision = value.get("decision")
-    if decision is not None and decision != "block":
-        msg = f"returned decision {decision!r}, not 'block'"
-        raise HostCodeError(msg)
-    reason = checked_field(value, "reason", str, "a string")
+    reason = block_reason(value, "Blocked by PostToolUse hook")
     output: Any = _KEEP
     specific = specific_output(value, "PostToolUse")
     if specific is not None:
         for key in ("updatedToolOutput", *(("updatedMCPToolOutput",) if mcp else ())):
             if key in specific:
                 output = checked_field(specific, key, (str, list), "a string or a list of content blocks")
-    if decision is None:
-        return PostToolUseOutput(None, output)
-    return PostToolUseOutput(reason or "Blocked by PostToolUse hook", output)
+    return PostToolUseOutput(reason, output)
 
 
 def _read_failure(value: dict[str, Any]) -> None:

@@ -18,21 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from queryloop.runtime.loop.event_hooks import QueryHooks, ReadAnswers, read_answers, run_hooks, specific_output
+from queryloop.runtime.loop.event_hooks import (
+    QueryHooks,
+    ReadAnswers,
+    block_reason,
+    read_answers,
+    run_hooks,
+    specific_output,
+)
 from queryloop.runtime.loop.host_code import HostCodeError, checked_field
 
 
 def _block_reason(value: dict[str, Any], event: str) -> str | None:
-    """`decision: "block"`'s reason (a default when it gives none), None without a block; `HostCodeError` for
-    another decision or a reason that is not a string."""
+    """An answer's block reason (`block_reason`), its `hookSpecificOutput` checked to be `event`'s."""
     specific_output(value, event)
-    decision = value.get("decision")
-    if decision is None:
-        return None
-    if decision != "block":
-        msg = f"returned decision {decision!r}, not 'block'"
-        raise HostCodeError(msg)
-    return checked_field(value, "reason", str, "a string") or f"Blocked by {event} hook"
+    return block_reason(value, f"Blocked by {event} hook")
 
 
 @dataclass(frozen=True, slots=True)
