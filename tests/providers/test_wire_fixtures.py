@@ -5,7 +5,9 @@ provider is `AnthropicModel`; a follow-up reply answers whatever the recording a
 result, a continuation). Checked for every recording: each raw event reaches the consumer as the wire
 sent it; the history sent back repeats each response's blocks as they came (rebuilt here from the
 events, independently of the runtime's assembler); the terminal and transitions are those the API's
-documentation implies (`docs/api-facts.md` §1-§3).
+documentation implies (`docs/api-facts.md` §1-§3); the result's `usage` is what the API billed for the
+responses (their `message_start` counts as the last `message_delta` updates them, the passes of `iterations[]`
+summed), a stream an error event cut included: what it reported is billed (docs/design.md).
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def blocks_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [blocks[index] for index in sorted(blocks)]
 
 
-FOLLOW_UP = text_reply("All done.")
+FOLLOW_UP = text_reply("All done.", usage={"input_tokens": 211, "output_tokens": 5, "cache_read_input_tokens": 40})
+FOLLOW_UP_BILLED = (211, 5, 0, 40)
 
 # name: (what answers the next request, terminal reason, transitions, is_error)
 CASES: dict[str, tuple[list[dict[str, Any]], str, list[str], bool]] = {
@@ -119,6 +122,25 @@ TOOL_NAMES = [
 ]
 
 
+def billed(events: list[dict[str, Any]]) -> tuple[int, int, int, int]:
+    """What a recorded response bills, read from its wire events by the documented rules (api-facts §1): the
+    `message_start` usage, each count a later `message_delta` reports replacing it (they are cumulative); with
+    `iterations[]`, the passes' sums. A stream cut by an error event bills what it reported before the cut."""
+    usage: dict[str, Any] = {}
+    for event in events:
+        if event["type"] == "message_start":
+            usage.update(event["message"]["usage"])
+        elif event["type"] == "message_delta" and event.get("usage"):
+            usage.update(event["usage"])
+    passes = usage.get("iterations") or [usage]
+    keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    return tuple(sum(p.get(key) or 0 for p in passes) for key in keys)  # type: ignore[return-value]
+
+
+def follow_up_billed(entry: dict[str, Any]) -> tuple[int, int, int, int]:
+    return billed(wire_events(entry["sse"])) if "sse" in entry else FOLLOW_UP_BILLED
+
+
 def test_every_recorded_stream_has_a_case() -> None:
     assert sorted(CASES) == sorted(p.stem for p in SSE.glob("*.sse"))
 
@@ -140,6 +162,16 @@ async def test_recorded_stream_reaches_the_consumer_unchanged_and_goes_back_as_i
     assert handle.terminal is not None and handle.result is not None
     assert (handle.terminal.reason, handle.transitions, handle.result.is_error) == (reason, transitions, is_error)
     assert len(api.requests) == 1 + len(follow_ups)
+    # The result bills what the API billed: the recorded response's usage and its follow-ups', no more.
+    bills = [billed(wire_events(body)), *(follow_up_billed(entry) for entry in follow_ups)]
+    usage = handle.result.usage
+    counted = (
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_creation_input_tokens,
+        usage.cache_read_input_tokens,
+    )
+    assert counted == tuple(map(sum, zip(*bills, strict=True)))
     # Every raw event of the recording reached the consumer as the wire sent it, in order.
     sent = wire_events(body)
     streamed = [e.event for e in events if isinstance(e, StreamEvent)]
