@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from queryloop.actors.query_loop.loop import QueryLoop
 
 TRIGGER = "auto"
-"""Every compaction the loop asks for is automatic (`manual` is a `/compact`'s, which the runtime has not)."""
+"""The trigger of every compaction a query asks for (the pipeline's, the prompt-too-long cascade's); `manual` is
+`session.compact()`'s, Claude Code's `/compact` (`controls.compact_now`)."""
 
 
 async def fire(
@@ -84,11 +85,13 @@ async def subagent_start(run: Run, hooks: QueryHooks, agent_id: str, agent_type:
     return tuple(added)
 
 
-async def pre_compact(loop: QueryLoop, run: Run, hooks: QueryHooks) -> tuple[str | None, list[TranscriptMessage]]:
+async def pre_compact(
+    loop: QueryLoop, run: Run, hooks: QueryHooks, trigger: str = TRIGGER
+) -> tuple[str | None, list[TranscriptMessage]]:
     """The PreCompact hooks of a compaction about to run: a block's reason (None: it may run), and the messages
     they added to the conversation (emitted)."""
-    fields = {"trigger": TRIGGER, "custom_instructions": run.setup.options.compact_instructions}
-    read, added = await fire(run, hooks, "PreCompact", TRIGGER, fields, scoped=True)
+    fields = {"trigger": trigger, "custom_instructions": run.setup.options.compact_instructions}
+    read, added = await fire(run, hooks, "PreCompact", trigger, fields, scoped=True)
     for message in added:
         await loop.emit(run, message)
     reason = blocked(read)
@@ -147,7 +150,7 @@ def compact_summary(compacted: list[TranscriptMessage]) -> str:
 
 
 async def after_compaction(
-    loop: QueryLoop, run: Run, hooks: QueryHooks, compacted: list[TranscriptMessage]
+    loop: QueryLoop, run: Run, hooks: QueryHooks, compacted: list[TranscriptMessage], trigger: str = TRIGGER
 ) -> list[TranscriptMessage]:
     """`compacted` (emitted already), followed by what SessionStart (`compact`) and then PostCompact hooks add,
     as Claude Code adds them after the summary (emitted here)."""
@@ -155,8 +158,8 @@ async def after_compaction(
     if loop.agent is None and hooks.has("SessionStart"):
         added.extend((await fire(run, hooks, "SessionStart", "compact", {"source": "compact"}, scoped=True))[1])
     if hooks.has("PostCompact"):
-        fields = {"trigger": TRIGGER, "compact_summary": compact_summary(compacted)}
-        added.extend((await fire(run, hooks, "PostCompact", TRIGGER, fields, scoped=True))[1])
+        fields = {"trigger": trigger, "compact_summary": compact_summary(compacted)}
+        added.extend((await fire(run, hooks, "PostCompact", trigger, fields, scoped=True))[1])
     for message in added:
         await loop.emit(run, message)
     return [*compacted, *added]

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
     from queryloop.runtime.host.aio import AsyncioQuery, AsyncioSession
     from queryloop.runtime.kernel.messages import AbortReason
-    from queryloop.runtime.loop.events import TranscriptMessage
+    from queryloop.runtime.loop.context_usage import ContextUsageResponse
+    from queryloop.runtime.loop.events import SystemMessage, TranscriptMessage
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.ray.wire import Submission
 
@@ -293,6 +294,15 @@ class Shard:
 
     async def sidechains(self, key: str) -> dict[str, Sidechain]:
         return await self._hosted(key).session.sidechains()
+
+    async def compact(self, key: str, instructions: str | None) -> SystemMessage:
+        return await self._hosted(key).session.compact(instructions)
+
+    async def context_usage(self, key: str) -> ContextUsageResponse:
+        return await self._hosted(key).session.context_usage()
+
+    async def set_model(self, key: str, model: str | None) -> None:
+        await self._hosted(key).session.set_model(model)
 
     async def submit(self, submissions: list[Submission]) -> None:
         """Start the queries (in order); their events and ends go to their drivers' streams."""
