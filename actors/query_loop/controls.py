@@ -52,6 +52,7 @@ SESSION_ASKS = (GetConversation, GetSidechains, GetContextUsage, CompactNow)
 
 MANUAL: Final = "manual"
 NOT_ENOUGH_MESSAGES = "Not enough messages to compact."
+IN_PROGRESS = "a query or a compaction of the session runs (or waits its turn): compact once it has ended"
 CANCELED = "Compaction canceled."
 """Claude Code's words for a compaction that an abort cut."""
 
@@ -87,8 +88,7 @@ def usage_of(loop: QueryLoop, options: QueryOptions) -> ContextUsageResponse:
 def compact_now(loop: QueryLoop, message: CompactNow) -> Coroutine[Any, Any, SystemMessage]:
     """Start a manual compaction (module docstring); `QueryInProgress` at once while a query runs or waits."""
     if loop.running is not None or loop.queued:
-        msg = "a query of the session runs (or waits its turn): compact once it has ended, or abort it first"
-        raise QueryInProgress(msg)
+        raise QueryInProgress(IN_PROGRESS)
     options = message.options
     instructions = message.instructions
     if instructions is not None and instructions.strip() and instructions != options.compact_instructions:

@@ -6,9 +6,10 @@ query without hooks: the callers check `run.setup.hooks is None` first.
   a transcript), and after each compaction (`compact`), after the summary. Not in a subagent's loop.
 * SubagentStart: in the parent's agent call, before the child's query starts (`subagent_start`); what its
   hooks add follows the child's prompt in the child's conversation (`open_with_hooks`).
-* PreCompact: before an autocompaction (the Compactor defers it, `hooked_compaction`) and before the
-  prompt-too-long cascade's compaction (`pre_compact_allows`); a block skips it. PostCompact: once the
-  compaction's messages are in the conversation (`after_compaction`).
+* PreCompact: before an autocompaction (the Compactor defers it, `hooked_compaction`), before the
+  prompt-too-long cascade's compaction (`pre_compact_allows`) and before `session.compact()`'s (trigger
+  `manual`, `controls.compact_now`); a block skips it. PostCompact: once the compaction's messages are in the
+  conversation (`after_compaction`).
 * SessionEnd: when the session's QueryLoop stops, detached, with the hooks of its last query (`session_end`).
 
 A hook that fails is a non-blocking `hook_error`: its event joins the conversation where the hooks' other

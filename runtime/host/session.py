@@ -29,7 +29,7 @@ from queryloop.actors.query_loop import (
     RunQuery,
     Settled,
 )
-from queryloop.actors.query_loop.controls import CANCELED
+from queryloop.actors.query_loop.controls import CANCELED, IN_PROGRESS
 from queryloop.runtime import telemetry
 from queryloop.runtime.errors import CompactFailed, QueryInProgress, SessionClosed, WorkCancelled
 from queryloop.runtime.kernel.flow import EventChannel
@@ -433,8 +433,7 @@ class Session:
             msg = f"session {self.id} is closed"
             raise SessionClosed(msg)
         if self._running() is not None:
-            msg = "a query of the session runs (or waits its turn): compact once it has ended, or abort it first"
-            raise QueryInProgress(msg)
+            raise QueryInProgress(IN_PROGRESS)
         try:
             boundary: SystemMessage = await self._loop.ask(
                 CompactNow(options=self._next_options, instructions=instructions), block=False

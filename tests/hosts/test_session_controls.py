@@ -119,7 +119,7 @@ async def test_compact_while_a_query_runs_is_refused_with_query_in_progress_and_
     assert boundary.subtype == "compact_boundary" and len(summary.requests) == 1
 
 
-async def test_a_message_sent_while_compact_runs_waits_for_it_and_sends_the_summary() -> None:
+async def test_a_message_sent_while_compact_runs_waits_for_it_and_a_second_compact_is_refused() -> None:
     release = trio.Event()
     model = ScriptedModel([text_reply("Noted."), text_reply("Fixed.")])
 
@@ -142,6 +142,8 @@ async def test_a_message_sent_while_compact_runs_waits_for_it_and_sends_the_summ
 
             nursery.start_soon(compact)
             await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(QueryInProgress):  # one compaction at a time
+                await session.compact()
             handle = session.query("Go on")  # sent while the compaction runs: it waits its turn
             release.set()
             result = await handle.wait()
