@@ -54,6 +54,7 @@ from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.agents import AgentDefinition
+from queryloop.runtime.loop.context_usage import ContextUsageCategory, ContextUsageResponse
 from queryloop.runtime.loop.control import PermissionRuleValue, PermissionUpdate, ToolPermissionContext
 from queryloop.runtime.loop.events import (
     AgentUsage,
@@ -163,6 +164,8 @@ __all__ = [
     "BlockingSession",
     "CanUseTool",
     "CompactFailed",
+    "ContextUsageCategory",
+    "ContextUsageResponse",
     "ContinueReason",
     "Deny",
     "FallbackTriggered",

@@ -28,7 +28,7 @@ from queryloop.runtime.loop.context import COMPACT_INSTRUCTIONS, COMPACT_SUMMARY
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.restore import load_transcript
 from tests.actors.test_lifecycle_hooks import Seen, context, sent_text
-from tests.helpers import text_reply
+from tests.helpers import scripted_tool, text_reply, tool_use, tools_reply
 
 LONG_PROMPT = "Remember the parser bug in tokens.py. " * 200
 """About 1,900 tokens at 4 characters a token: what a compaction visibly shrinks."""
@@ -359,3 +359,20 @@ async def test_resume_session_at_an_unknown_uuid_is_refused_naming_it(tmp_path: 
             await runtime.open_session(QueryOptions(provider=ScriptedModel([])), resume_session_at="no-such-uuid")
         assert runtime.groups == {}
     assert path.read_bytes() == before
+
+
+async def test_resume_session_at_a_tool_use_without_its_result_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    model = ScriptedModel([tools_reply(tool_use("t1", "lookup")), text_reply("Found it.")])
+    async with Runtime.open() as runtime:
+        session = await runtime.open_session(
+            QueryOptions(provider=model, tools=[scripted_tool("lookup", result="42")]), transcript=path
+        )
+        await session.query("Look it up").wait()
+        conversation = await session.transcript()
+        await session.close()
+        (call,) = [m for m in conversation if isinstance(m, AssistantMessage) and "tool_use" in str(m.content)]
+        with pytest.raises(ValueError, match=r"cannot be sent again.*tool_use t1 has no tool_result"):
+            await runtime.open_session(
+                QueryOptions(provider=ScriptedModel([])), resume=path, resume_session_at=call.uuid
+            )
