@@ -449,9 +449,11 @@ class Session:
         return usage
 
     async def set_model(self, model: str | None = None) -> None:
-        """The model of the session's next queries (None: the options' own again). A query that runs keeps its
-        model; one sent from now on (a message waiting its turn too, already sent, keeps the model it was sent
-        with) uses this one, its overrides applied after it. Validated as `QueryOptions.model` is."""
+        """The model of the session's next queries (None: the options' own again), validated as `QueryOptions`
+        validates its `model` (an unknown model without `pricing` is a `ValueError`). A query that runs keeps its
+        model, and so does a message already sent that waits its turn: every message sent from now on uses this
+        one (its overrides apply after it). The Agent SDK's `set_model` changes the model "during conversation";
+        a query's options being fixed when it starts, here that is from the next query on."""
         options = self.options
         if model is not None:
             options = QueryOptions.model_validate({**dict(options), "model": model})
