@@ -12,7 +12,8 @@ are not both on.
 `StageCollapse` (told after each turn) stages a collapse of the older rounds;
 `DrainCollapses` commits what is staged (the 413 cascade's first step);
 `Compact` with trigger `reactive` is its second step. A failed compaction
-costs the compaction, never the loop: `Compacted` is then None.
+costs the compaction, never the loop: `Compacted` is then None (a `manual`
+one, `session.compact()`'s, raises its `ModelError` to the one who asked).
 
 The QueryLoop spawns it the first time one of these is needed: a session whose context never
 needs the pipeline never has a Compactor.
@@ -83,6 +84,9 @@ MAX_CONSECUTIVE_AUTOCOMPACT_FAILURES = 3
 """After this many failed autocompactions in a row a query stops trying (a circuit breaker). Counted per
 query, as Claude Code keeps it in the loop's `autoCompactTracking` ("always undefined on the first
 iteration"): the next query tries again. Only autocompactions count; a success resets it."""
+
+CompactTrigger = Literal["auto", "reactive", "manual"]
+"""Why a compaction runs: the pipeline's autocompaction, the prompt-too-long cascade's, or `session.compact()`."""
 
 COMPACT_SYSTEM_PROMPT = "You are a helpful AI assistant tasked with summarizing conversations."
 
@@ -201,7 +205,7 @@ class Prepared(CarrierMessage):
 class Compact(CarrierMessage):
     messages: list[TranscriptMessage]
     config: ContextConfig
-    trigger: Literal["auto", "reactive"]
+    trigger: CompactTrigger
 
 
 @record
@@ -350,7 +354,7 @@ class Compactor(TrioActor):
         )
 
     async def _compact(
-        self, messages: list[TranscriptMessage], config: ContextConfig, trigger: Literal["auto", "reactive"]
+        self, messages: list[TranscriptMessage], config: ContextConfig, trigger: CompactTrigger
     ) -> Compacted | None:
         pre_tokens = token_count_with_estimation(messages)
         budget = config.limits.context_window - config.limits.summary_output_reserve
@@ -368,6 +372,8 @@ class Compactor(TrioActor):
         try:
             summary = await self._summarize(request, config.max_retries)
         except ModelError as error:
+            if trigger == "manual":
+                raise  # to `session.compact()`'s caller, who asked for it
             self.log.warning("{} compaction failed: {!r}", trigger, error)
             return None
         self.compactions += 1

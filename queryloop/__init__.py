@@ -33,10 +33,12 @@ from loguru import logger as _logger
 from queryloop.runtime.errors import (
     ActorCrashed,
     BlockingCallOnTrioThread,
+    CompactFailed,
     McpRequestFailed,
     McpServerUnavailable,
     NotInSession,
     NotInTrio,
+    QueryInProgress,
     QueryloopError,
     RuntimeClosed,
     SessionClosed,
@@ -52,6 +54,7 @@ from queryloop.runtime.host.runtime import Runtime
 from queryloop.runtime.host.session import QueryHandle, Session
 from queryloop.runtime.kernel.messages import AbortReason
 from queryloop.runtime.loop.agents import AgentDefinition
+from queryloop.runtime.loop.context_usage import ContextUsageCategory, ContextUsageResponse
 from queryloop.runtime.loop.control import PermissionRuleValue, PermissionUpdate, ToolPermissionContext
 from queryloop.runtime.loop.events import (
     AgentUsage,
@@ -160,6 +163,9 @@ __all__ = [
     "BlockingRuntime",
     "BlockingSession",
     "CanUseTool",
+    "CompactFailed",
+    "ContextUsageCategory",
+    "ContextUsageResponse",
     "ContinueReason",
     "Deny",
     "FallbackTriggered",
@@ -204,6 +210,7 @@ __all__ = [
     "ProgressEvent",
     "QueryEvent",
     "QueryHandle",
+    "QueryInProgress",
     "QueryOptions",
     "QueryView",
     "QueryloopError",

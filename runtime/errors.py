@@ -68,6 +68,17 @@ class SessionClosed(QueryloopError):
     """The session's actor group is closed; nothing more can be started in it."""
 
 
+class QueryInProgress(QueryloopError):
+    """A session control that works between queries (`compact()`) was called while a query of the session runs,
+    or waits its turn: wait for its result (or abort it), then call it again."""
+
+
+class CompactFailed(QueryloopError):
+    """`session.compact()` did not compact: nothing to compact, a PreCompact hook blocked it, the summary call
+    failed, or an abort cut it (the message says which, in Claude Code's words). The conversation is as it was,
+    but for what the PreCompact hooks added."""
+
+
 class McpServerUnavailable(QueryloopError):
     """`Runtime.open_mcp` could not start or reach an MCP server, or list its tools (the message says why).
 

@@ -287,14 +287,14 @@ async def prepare_context(loop: QueryLoop, run: Run, messages: list[TranscriptMe
 
 
 async def install_compaction(
-    loop: QueryLoop, run: Run, compacted: list[TranscriptMessage], pre_tokens: int
+    loop: QueryLoop, run: Run, compacted: list[TranscriptMessage], pre_tokens: int, trigger: str = "auto"
 ) -> list[TranscriptMessage]:
     """The compaction's messages join the conversation, then what its SessionStart and PostCompact hooks add:
     all of them, the boundary first."""
     for message in compacted:
         await loop.emit(run, message)
     if run.setup.hooks is not None:
-        compacted = await after_compaction(loop, run, run.setup.hooks, compacted)
+        compacted = await after_compaction(loop, run, run.setup.hooks, compacted, trigger)
     total = run.setup.options.task_budget
     if total is not None:  # loop-local, updated on compaction only
         remaining = run.task_budget_remaining if run.task_budget_remaining is not None else total

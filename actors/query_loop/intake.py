@@ -52,9 +52,9 @@ _DEFAULT_SYSTEM = build_system_prompt(DEFAULT_SYSTEM_PROMPT)
 """Shared by every query with the default system prompt (read only: requests and providers never change it)."""
 
 
-def new_run(loop: QueryLoop, message: RunQuery) -> Run:
-    """The query `message` starts, its config snapshot taken once, used by every iteration."""
-    options = message.options
+def query_tools(loop: QueryLoop, options: QueryOptions) -> tuple[list[Tool], StructuredAnswer | None]:
+    """The tools a query of `options` is given (its own, its MCP servers', the Agent tool, the structured answer's),
+    and its structured answer (None without an `output_type`)."""
     tools = options.tools if not options.mcp_servers else with_mcp_tools(loop, options)
     if options.agents:
         subagents = loop.subagents
@@ -67,6 +67,13 @@ def new_run(loop: QueryLoop, message: RunQuery) -> Run:
     if options.output_type is not None:
         structured = StructuredAnswer(options.output_type)
         tools = [*tools, structured.tool()]
+    return tools, structured
+
+
+def new_run(loop: QueryLoop, message: RunQuery) -> Run:
+    """The query `message` starts, its config snapshot taken once, used by every iteration."""
+    options = message.options
+    tools, structured = query_tools(loop, options)
     caches = loop.caches
     setup = QuerySetup(
         options=options,

@@ -6,9 +6,10 @@ query without hooks: the callers check `run.setup.hooks is None` first.
   a transcript), and after each compaction (`compact`), after the summary. Not in a subagent's loop.
 * SubagentStart: in the parent's agent call, before the child's query starts (`subagent_start`); what its
   hooks add follows the child's prompt in the child's conversation (`open_with_hooks`).
-* PreCompact: before an autocompaction (the Compactor defers it, `hooked_compaction`) and before the
-  prompt-too-long cascade's compaction (`pre_compact_allows`); a block skips it. PostCompact: once the
-  compaction's messages are in the conversation (`after_compaction`).
+* PreCompact: before an autocompaction (the Compactor defers it, `hooked_compaction`), before the
+  prompt-too-long cascade's compaction (`pre_compact_allows`) and before `session.compact()`'s (trigger
+  `manual`, `controls.compact_now`); a block skips it. PostCompact: once the compaction's messages are in the
+  conversation (`after_compaction`).
 * SessionEnd: when the session's QueryLoop stops, detached, with the hooks of its last query (`session_end`).
 
 A hook that fails is a non-blocking `hook_error`: its event joins the conversation where the hooks' other
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from queryloop.actors.query_loop.loop import QueryLoop
 
 TRIGGER = "auto"
-"""Every compaction the loop asks for is automatic (`manual` is a `/compact`'s, which the runtime has not)."""
+"""The trigger of every compaction a query asks for (the pipeline's, the prompt-too-long cascade's); `manual` is
+`session.compact()`'s, Claude Code's `/compact` (`controls.compact_now`)."""
 
 
 async def fire(
@@ -84,11 +86,13 @@ async def subagent_start(run: Run, hooks: QueryHooks, agent_id: str, agent_type:
     return tuple(added)
 
 
-async def pre_compact(loop: QueryLoop, run: Run, hooks: QueryHooks) -> tuple[str | None, list[TranscriptMessage]]:
+async def pre_compact(
+    loop: QueryLoop, run: Run, hooks: QueryHooks, trigger: str = TRIGGER
+) -> tuple[str | None, list[TranscriptMessage]]:
     """The PreCompact hooks of a compaction about to run: a block's reason (None: it may run), and the messages
     they added to the conversation (emitted)."""
-    fields = {"trigger": TRIGGER, "custom_instructions": run.setup.options.compact_instructions}
-    read, added = await fire(run, hooks, "PreCompact", TRIGGER, fields, scoped=True)
+    fields = {"trigger": trigger, "custom_instructions": run.setup.options.compact_instructions}
+    read, added = await fire(run, hooks, "PreCompact", trigger, fields, scoped=True)
     for message in added:
         await loop.emit(run, message)
     reason = blocked(read)
@@ -147,7 +151,7 @@ def compact_summary(compacted: list[TranscriptMessage]) -> str:
 
 
 async def after_compaction(
-    loop: QueryLoop, run: Run, hooks: QueryHooks, compacted: list[TranscriptMessage]
+    loop: QueryLoop, run: Run, hooks: QueryHooks, compacted: list[TranscriptMessage], trigger: str = TRIGGER
 ) -> list[TranscriptMessage]:
     """`compacted` (emitted already), followed by what SessionStart (`compact`) and then PostCompact hooks add,
     as Claude Code adds them after the summary (emitted here)."""
@@ -155,8 +159,8 @@ async def after_compaction(
     if loop.agent is None and hooks.has("SessionStart"):
         added.extend((await fire(run, hooks, "SessionStart", "compact", {"source": "compact"}, scoped=True))[1])
     if hooks.has("PostCompact"):
-        fields = {"trigger": TRIGGER, "compact_summary": compact_summary(compacted)}
-        added.extend((await fire(run, hooks, "PostCompact", TRIGGER, fields, scoped=True))[1])
+        fields = {"trigger": trigger, "compact_summary": compact_summary(compacted)}
+        added.extend((await fire(run, hooks, "PostCompact", trigger, fields, scoped=True))[1])
     for message in added:
         await loop.emit(run, message)
     return [*compacted, *added]

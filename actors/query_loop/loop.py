@@ -37,6 +37,7 @@ from queryloop.actors.query_loop.context import (
     start_summary,
     through_pipeline,
 )
+from queryloop.actors.query_loop.controls import SESSION_ASKS, answer
 from queryloop.actors.query_loop.ending import (
     UNWRITABLE,
     end_early,
@@ -50,7 +51,7 @@ from queryloop.actors.query_loop.ending import (
 )
 from queryloop.actors.query_loop.intake import admit_prompt, answer_absorbed, new_run, query_span, take_in_queued
 from queryloop.actors.query_loop.lifecycle import session_end
-from queryloop.actors.query_loop.messages import GetConversation, GetSidechains, RunQuery
+from queryloop.actors.query_loop.messages import RunQuery
 from queryloop.actors.query_loop.recoveries import after_error, after_final
 from queryloop.actors.query_loop.run import (
     TRANSCRIPT_TYPES,
@@ -194,10 +195,8 @@ class QueryLoop(TrioActor):
         if isinstance(message, RunQuery):
             self._submit(message)
             return None
-        if isinstance(message, GetConversation):
-            return list(self.conversation)
-        if isinstance(message, GetSidechains):
-            return dict(self.sidechains)
+        if isinstance(message, SESSION_ASKS):  # the conversation, its usage, `/compact` (`controls`)
+            return answer(self, message)
         return super().on_receive(message)
 
     def _submit(self, message: RunQuery) -> None:

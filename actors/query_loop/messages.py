@@ -93,3 +93,20 @@ class Forwarded(CarrierMessage):
 @record
 class GetSidechains(Message):
     """Answered with the subagents' conversations, by agent id (restored on resume, or run since)."""
+
+
+@record
+class CompactNow(Message):
+    """`session.compact()`: compact the conversation now, between queries (`controls.compact_now`); answered
+    with the compact boundary (a `SystemMessage`)."""
+
+    options: QueryOptions
+    """The options the session's next query would run with (its hooks, its compaction model and window)."""
+    instructions: str | None = None
+
+
+@record
+class GetContextUsage(Message):
+    """`session.context_usage()`: answered with a `ContextUsageResponse` for the session's next query."""
+
+    options: QueryOptions

@@ -54,7 +54,8 @@ if TYPE_CHECKING:
     from queryloop.runtime.host.runtime import Runtime
     from queryloop.runtime.host.session import Session
     from queryloop.runtime.kernel.messages import AbortReason
-    from queryloop.runtime.loop.events import Block, QueryEvent, TranscriptMessage
+    from queryloop.runtime.loop.context_usage import ContextUsageResponse
+    from queryloop.runtime.loop.events import Block, QueryEvent, SystemMessage, TranscriptMessage
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.mcp.elicitation import McpElicitation, McpElicitationAnswer
     from queryloop.runtime.mcp.servers import McpServer
@@ -214,9 +215,11 @@ class AsyncioRuntime:
         transcript: Path | None = None,
         resume: Path | None = None,
         fork: bool = False,
+        resume_session_at: str | None = None,
         **fields: Any,
     ) -> AsyncioSession:
-        """As `Runtime.open_session`: a `QueryOptions` (or its fields), `transcript`, `resume`, `fork`."""
+        """As `Runtime.open_session`: a `QueryOptions` (or its fields), `transcript`, `resume`, `fork`,
+        `resume_session_at`."""
         options = options or QueryOptions(**fields)
         hosted = self._hosted_options(options)
         runtime = self._bridge.runtime
@@ -227,7 +230,9 @@ class AsyncioRuntime:
             await session.close()
 
         session = await self._bridge.acall(
-            lambda: runtime.open_session(hosted, transcript=transcript, resume=resume, fork=fork),
+            lambda: runtime.open_session(
+                hosted, transcript=transcript, resume=resume, fork=fork, resume_session_at=resume_session_at
+            ),
             orphan=lambda s: self._bridge.nursery.start_soon(close_orphan, s) if self._bridge.nursery else None,
         )
         return AsyncioSession(self, session, options)
@@ -366,6 +371,20 @@ class AsyncioSession:
     async def sidechains(self) -> dict[str, Sidechain]:
         """As `Session.sidechains`: the subagents' conversations, by agent id."""
         return await self._bridge.acall(self.session.sidechains)
+
+    async def compact(self, instructions: str | None = None) -> SystemMessage:
+        """As `Session.compact`: Claude Code's `/compact [instructions]`, between queries; the compact boundary."""
+        session = self.session
+        return await self._bridge.acall(lambda: session.compact(instructions))
+
+    async def context_usage(self) -> ContextUsageResponse:
+        """As `Session.context_usage`: the next query's context, keyed as the Agent SDK's `ContextUsageResponse`."""
+        return await self._bridge.acall(self.session.context_usage)
+
+    async def set_model(self, model: str | None = None) -> None:
+        """As `Session.set_model`: the model of the session's next queries (None: the options' own again)."""
+        session = self.session
+        await self._bridge.acall(lambda: session.set_model(model))
 
     def live_tasks(self) -> int:
         """Work tasks of the session still running (a snapshot in thread mode)."""

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
     from queryloop.runtime.host.session import QueryHandle, Session
     from queryloop.runtime.kernel.messages import AbortReason
-    from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, TranscriptMessage
+    from queryloop.runtime.loop.context_usage import ContextUsageResponse
+    from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, SystemMessage, TranscriptMessage
     from queryloop.runtime.loop.options import QueryOptions
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.state import ContinueReason, Terminal
@@ -204,12 +205,15 @@ class BlockingRuntime:
         transcript: Path | None = None,
         resume: Path | None = None,
         fork: bool = False,
+        resume_session_at: str | None = None,
     ) -> BlockingSession:
-        """As `Runtime.open_session` (durable transcript, resume and fork included)."""
+        """As `Runtime.open_session` (durable transcript, resume, fork and `resume_session_at` included)."""
         assert self._runtime is not None
         runtime = self._runtime
         session = self._start_work(
-            lambda: runtime.open_session(options, transcript=transcript, resume=resume, fork=fork)
+            lambda: runtime.open_session(
+                options, transcript=transcript, resume=resume, fork=fork, resume_session_at=resume_session_at
+            )
         )
         return BlockingSession(self, session)
 
@@ -343,6 +347,20 @@ class BlockingSession:
         """As `Session.sidechains`: the subagents' conversations, by agent id."""
         found: dict[str, Sidechain] = self._runtime.call(self.session.sidechains)
         return found
+
+    def compact(self, instructions: str | None = None) -> SystemMessage:
+        """As `Session.compact`: Claude Code's `/compact [instructions]`, between queries; the compact boundary."""
+        boundary: SystemMessage = self._runtime.call(self.session.compact, instructions)
+        return boundary
+
+    def context_usage(self) -> ContextUsageResponse:
+        """As `Session.context_usage`: the next query's context, keyed as the Agent SDK's `ContextUsageResponse`."""
+        usage: ContextUsageResponse = self._runtime.call(self.session.context_usage)
+        return usage
+
+    def set_model(self, model: str | None = None) -> None:
+        """As `Session.set_model`: the model of the session's next queries (None: the options' own again)."""
+        self._runtime.call(self.session.set_model, model)
 
     def close(self) -> None:
         self._runtime.call(self.session.close)

@@ -12,7 +12,9 @@ Each host shows a session and its queries its own way: trio (`Session`, `QueryHa
 * a session: `id`; `query(prompt, **overrides)`; `abort(reason)` aborts whatever runs in it and returns
   how many of its actors acknowledged the abort (0 when nothing could be reached: the session closed,
   its Ray shard gone, its runtime closing), a count each host can give, Ray's across processes too;
-  `transcript()`, `sidechains()` and `close()`.
+  `transcript()`, `sidechains()` and `close()`; the Agent SDK's session controls: `compact(instructions)`
+  (Claude Code's `/compact`, between queries), `context_usage()` (its `/context`, no model call) and
+  `set_model(model)` (from the next query on).
 
 Members beyond these are a host's own (tests/hosts/test_host_parity.py lists them, with why). Imports `loop`.
 """
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from queryloop.runtime.kernel.messages import AbortReason
-    from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, TranscriptMessage
+    from queryloop.runtime.loop.context_usage import ContextUsageResponse
+    from queryloop.runtime.loop.events import Block, QueryEvent, ResultMessage, SystemMessage, TranscriptMessage
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.state import ContinueReason, Terminal
 
@@ -91,6 +94,16 @@ class SessionView(Protocol):
     async def sidechains(self) -> dict[str, Sidechain]:
         """The subagents' conversations, by agent id."""
 
+    async def compact(self, instructions: str | None = None) -> SystemMessage:
+        """Compact the conversation now (Claude Code's `/compact [instructions]`, trigger `manual`), between
+        queries (`QueryInProgress` while one runs or waits); the compact boundary. `CompactFailed` if it did not."""
+
+    async def context_usage(self) -> ContextUsageResponse:
+        """The context the next query would start with, keyed as the Agent SDK's `ContextUsageResponse`."""
+
+    async def set_model(self, model: str | None = None) -> None:
+        """The model of the session's next queries (None: the options' own again); a running query keeps its."""
+
     async def close(self) -> None:
         """Abort what runs, then close the session (its transcript stays)."""
 
@@ -142,5 +155,11 @@ class SyncSessionView(Protocol):
     def transcript(self) -> list[TranscriptMessage]: ...
 
     def sidechains(self) -> dict[str, Sidechain]: ...
+
+    def compact(self, instructions: str | None = None) -> SystemMessage: ...
+
+    def context_usage(self) -> ContextUsageResponse: ...
+
+    def set_model(self, model: str | None = None) -> None: ...
 
     def close(self) -> None: ...

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-import traceback
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +18,12 @@ from queryloop.actors.query_loop.subagent import AgentsHost, AgentSlots
 from queryloop.actors.tool_executor import StreamingToolExecutor
 from queryloop.runtime.errors import NotInTrio, RuntimeClosed
 from queryloop.runtime.host import _gc
+from queryloop.runtime.host._leaving import attach, what_leaves
 from queryloop.runtime.host.session import Session, refuse_asyncio_provider
 from queryloop.runtime.kernel.supervisor import Supervisor
 from queryloop.runtime.loop.agents import DEFAULT_MAX_LIVE_AGENTS
 from queryloop.runtime.loop.options import QueryOptions
-from queryloop.runtime.loop.restore import LoadedTranscript, load_transcript, open_log, refuse_damaged
+from queryloop.runtime.loop.restore import LoadedTranscript, load_transcript, open_log, refuse_damaged, resumed_at
 from queryloop.runtime.loop.tools import Tool
 from queryloop.runtime.mcp.elicitation import ElicitationHandler
 from queryloop.runtime.mcp.resources import resource_tools
@@ -151,11 +151,11 @@ class Runtime:
                         # scope would swallow the Cancelled, and the failure with it): the failure goes on.
                         if not isinstance(failure, Exception) or isinstance(error, trio.Cancelled):
                             raise
-                        _attach(error, failure, "closing the runtime failed meanwhile")
+                        attach(error, failure, "closing the runtime failed meanwhile")
                     raise
                 await cls._close(runtime, nursery)
         except BaseExceptionGroup as group:
-            leaving = _leaving(group, host_error)
+            leaving = what_leaves(group, host_error)
         finally:
             if runtime is not None:
                 runtime._closed = True  # every later use raises `RuntimeClosed`
@@ -199,6 +199,7 @@ class Runtime:
         transcript: Path | None = None,
         resume: Path | None = None,
         fork: bool = False,
+        resume_session_at: str | None = None,
         **fields: Any,
     ) -> Session:
         """Start a session's actor group; `options` (or the fields of one) configure its queries.
@@ -210,13 +211,21 @@ class Runtime:
         session id, and go on appending to it unless `transcript` names another file.
         `fork` (with `resume` and a `transcript` of another, new file): the restored conversation goes on
         as a new session, with an id of its own, in that file; the resumed one is left as it was.
+        `resume_session_at` (with `resume`, the Agent SDK's option): restore the conversation only up to and
+        including the message of that uuid (`ValueError` naming it if the conversation has none). Going on in the
+        same file, what followed it is retracted there (a tombstone each: the file keeps it, no load restores it);
+        with `fork`, the new file holds the conversation up to that message alone, the resumed one left as it was.
         """
         options = options or QueryOptions(**fields)
         self._check_session_options(options, transcript=transcript, resume=resume, fork=fork)
         loaded: LoadedTranscript | None = None
         if resume is not None:
             loaded = await _load_to_resume(resume)
+            if resume_session_at is not None:
+                loaded = resumed_at(loaded, resume_session_at, resume)
             transcript = resume if transcript is None else transcript
+        elif resume_session_at is not None:
+            raise ValueError("resume_session_at= resumes a transcript up to a message: give resume= too")
         # The group first: a session id already open fails here, before anything is written.
         group = await self.start_group(loaded.session_id if loaded is not None and not fork else None)
         log = await _open_transcript(group, transcript, loaded, resume) if transcript is not None else None
@@ -412,70 +421,6 @@ async def _open_transcript(
         await group.close()
         raise
     return log
-
-
-def _leaving(group: BaseExceptionGroup[BaseException], host_error: BaseException | None) -> BaseException:
-    """What leaves `Runtime.open()` for the group its nursery raised (the rule: `Runtime.open`'s docstring).
-
-    `host_error` is what the block raised; it counts only if the nursery holds it as is. A block that was
-    cancelled because a task of the runtime failed raised the nursery's own `Cancelled`, which the nursery
-    absorbs: the failure is then the runtime's alone.
-    """
-    failures = _runtime_failures(group, host_error)
-    if host_error is not None and any(error is host_error for error in group.exceptions):
-        leaving = _with_host_error(group, host_error, failures)
-        if leaving is not None:
-            return leaving
-    if failures:
-        return _failed(group, failures)
-    # Only cancellations, all of one enclosing scope (the nursery absorbs its own): one stands for them all.
-    cancelled: BaseException = group
-    while isinstance(cancelled, BaseExceptionGroup):
-        cancelled = cancelled.exceptions[0]
-    return cancelled
-
-
-def _runtime_failures(
-    group: BaseExceptionGroup[BaseException], host_error: BaseException | None
-) -> list[BaseException]:
-    """What the runtime's own tasks raised, their cancellations left out (the block's error is not one)."""
-    failures: list[BaseException] = []
-    for error in group.exceptions:
-        if error is host_error:
-            continue
-        rest = error.split(trio.Cancelled)[1] if isinstance(error, BaseExceptionGroup) else error
-        if rest is not None and not isinstance(rest, trio.Cancelled):
-            failures.append(rest)
-    return failures
-
-
-def _with_host_error(
-    group: BaseExceptionGroup[BaseException], host_error: BaseException, failures: list[BaseException]
-) -> BaseException | None:
-    """What leaves when the block raised `host_error` itself; None where the failures alone decide (the block
-    was only cancelled, by an enclosing scope that would swallow it, while tasks failed)."""
-    if isinstance(host_error, trio.Cancelled):
-        return host_error if not failures else None
-    if all(isinstance(failure, Exception) for failure in failures):
-        for failure in failures:
-            _attach(host_error, failure, "a task of the runtime failed meanwhile")
-        return host_error
-    # An interrupt in a task of the runtime goes on, and the block's exception with it.
-    leaving = _failed(group, failures)
-    _attach(leaving, host_error, "the block raised meanwhile")
-    return leaving
-
-
-def _failed(group: BaseExceptionGroup[BaseException], failures: list[BaseException]) -> BaseException:
-    """The runtime's tasks' failures: one as itself, several (independent of each other) as a group of them."""
-    return failures[0] if len(failures) == 1 else group.derive(failures)
-
-
-def _attach(error: BaseException, failure: BaseException, what: str) -> None:
-    """Keep `failure` on the `error` that leaves instead, as a note with its traceback (not its `__context__`,
-    which is `error` itself when the failure happened while `error` propagated)."""
-    told = "".join(traceback.format_exception(failure, chain=False)).rstrip()
-    error.add_note(f"{what}:\n{told}")
 
 
 def _same_path(a: Path, b: Path) -> bool:

@@ -20,9 +20,18 @@ from typing import TYPE_CHECKING, Any, Self
 
 import trio
 
-from queryloop.actors.query_loop import GetConversation, GetSidechains, QueryControl, RunQuery, Settled
+from queryloop.actors.query_loop import (
+    CompactNow,
+    GetContextUsage,
+    GetConversation,
+    GetSidechains,
+    QueryControl,
+    RunQuery,
+    Settled,
+)
+from queryloop.actors.query_loop.controls import CANCELED, IN_PROGRESS
 from queryloop.runtime import telemetry
-from queryloop.runtime.errors import SessionClosed
+from queryloop.runtime.errors import CompactFailed, QueryInProgress, SessionClosed, WorkCancelled
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.disk import DISK_FULL_WAIT_S, is_disk_full, retry_while_full
 from queryloop.runtime.loop.events import (
@@ -44,6 +53,8 @@ if TYPE_CHECKING:
     from queryloop.runtime.errors import ActorCrashed
     from queryloop.runtime.kernel.messages import AbortReason
     from queryloop.runtime.kernel.supervisor import Supervisor
+    from queryloop.runtime.loop.context_usage import ContextUsageResponse
+    from queryloop.runtime.loop.events import SystemMessage
     from queryloop.runtime.loop.persistence import TranscriptLog
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.loop.state import ContinueReason, Terminal
@@ -309,6 +320,8 @@ class Session:
     ) -> None:
         self.supervisor = supervisor
         self.options = options
+        self._next_options = options
+        """What the next query starts from: `options`, with the model `set_model` set."""
         self._loop = loop
         self._transcript = transcript
         """The session's log (the QueryLoop appends to it): each handle writes it before its consumer takes an event."""
@@ -342,7 +355,7 @@ class Session:
         prompt_message = (
             UserMessage(content=prompt) if type(prompt) is str else UserMessage.model_validate({"content": prompt})
         )
-        options = self.options
+        options = self._next_options
         if overrides:
             options = QueryOptions.model_validate({**dict(options), **overrides})
             refuse_asyncio_provider(options)
@@ -405,6 +418,46 @@ class Session:
         """The subagents' conversations, by agent id: restored on resume, and each one's as it ended."""
         found: dict[str, Sidechain] = await self._loop.ask(GetSidechains(), block=False)
         return found
+
+    async def compact(self, instructions: str | None = None) -> SystemMessage:
+        """Compact the conversation now, as Claude Code's `/compact [instructions]`; returns the compact boundary
+        (`data`: `trigger` `manual`, `pre_tokens`), which the summary follows in the conversation.
+
+        Between queries only: `QueryInProgress` while a query runs or waits its turn (a message sent while the
+        compaction runs waits for it). The PreCompact and PostCompact hooks fire with trigger `manual`,
+        `custom_instructions` being `instructions` (else the options' `compact_instructions`), which the summary
+        request appends under `Additional Instructions:`; the next query sends the summary, not what it replaced.
+        `CompactFailed` if nothing was compacted: no message since the last boundary ("Not enough messages to
+        compact."), a PreCompact block, the summary request's error, or an abort ("Compaction canceled.")."""
+        if self.supervisor.closed:
+            msg = f"session {self.id} is closed"
+            raise SessionClosed(msg)
+        if self._running() is not None:
+            raise QueryInProgress(IN_PROGRESS)
+        try:
+            boundary: SystemMessage = await self._loop.ask(
+                CompactNow(options=self._next_options, instructions=instructions), block=False
+            )
+        except WorkCancelled:  # an abort (or the close) cut the loop's work
+            raise CompactFailed(CANCELED) from None
+        return boundary
+
+    async def context_usage(self) -> ContextUsageResponse:
+        """The context the next query would start with, keyed as the Agent SDK's `ContextUsageResponse`
+        (`runtime.loop.context_usage` says what is counted, how, and what is left empty); no model call."""
+        usage: ContextUsageResponse = await self._loop.ask(GetContextUsage(options=self._next_options), block=False)
+        return usage
+
+    async def set_model(self, model: str | None = None) -> None:
+        """The model of the session's next queries (None: the options' own again), validated as `QueryOptions`
+        validates its `model` (an unknown model without `pricing` is a `ValueError`). A query that runs keeps its
+        model, and so does a message already sent that waits its turn: every message sent from now on uses this
+        one (its overrides apply after it). The Agent SDK's `set_model` changes the model "during conversation";
+        a query's options being fixed when it starts, here that is from the next query on."""
+        options = self.options
+        if model is not None:
+            options = QueryOptions.model_validate({**dict(options), "model": model})
+        self._next_options = options
 
     def live_tasks(self) -> int:
         """Work tasks of this session and its subagents still running (0 once a query's stream has ended)."""

@@ -29,6 +29,7 @@ so that every later load reads what this one did.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -38,7 +39,13 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from queryloop.runtime.errors import TranscriptDamaged
-from queryloop.runtime.loop.events import AssistantMessage, SystemMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.events import (
+    AssistantMessage,
+    SystemMessage,
+    TombstoneEvent,
+    TranscriptMessage,
+    UserMessage,
+)
 from queryloop.runtime.loop.persistence import READABLE_VERSIONS, TRANSCRIPT_VERSION, SidechainLog, TranscriptLog
 from queryloop.runtime.loop.transcript import (
     messages_after_compact_boundary,
@@ -95,6 +102,8 @@ class LoadedTranscript:
     """The synthetic results the loading added to each sidechain (at its end), by agent id."""
     unreleased_sidechains: frozenset[str] = frozenset()
     """The sidechains whose held messages no `release` joined (as `unreleased`), by agent id."""
+    dropped: tuple[str, ...] = ()
+    """The messages a resume at an earlier message left out (`resumed_at`), by uuid: retracted in the file."""
 
     @property
     def damaged_lines(self) -> list[int]:
@@ -122,6 +131,24 @@ def refuse_damaged(loaded: LoadedTranscript, path: str | os.PathLike[str]) -> No
     reason = resume_refusal(loaded)
     if reason is not None:
         raise TranscriptDamaged(os.fspath(path), loaded.damaged_lines, list(loaded.problems), reason)
+
+
+def resumed_at(loaded: LoadedTranscript, uuid: str, path: str | os.PathLike[str]) -> LoadedTranscript:
+    """`loaded` up to and including the message `uuid` of its conversation (the Agent SDK's `resume_session_at`):
+    what follows it is `dropped`. `ValueError` naming `uuid` if no message of the conversation has it (a
+    subagent's message included), or if the conversation up to it cannot be sent again (it ends on a tool_use
+    without its result, say: resume at the end of a turn). The sidechains are kept whole."""
+    index = next((i for i, message in enumerate(loaded.messages) if message.uuid == uuid), None)
+    if index is None:
+        msg = f"resume_session_at={uuid!r} names no message of the conversation in {os.fspath(path)}"
+        raise ValueError(msg)
+    kept = loaded.messages[: index + 1]
+    problems = transcript_problems(kept)
+    if problems:
+        msg = f"resume_session_at={uuid!r}: the conversation up to it cannot be sent again ({'; '.join(problems)})"
+        raise ValueError(msg)
+    dropped = tuple(message.uuid for message in loaded.messages[index + 1 :])
+    return dataclasses.replace(loaded, messages=kept, dropped=dropped)
 
 
 def _lines(numbers: list[int]) -> str:
@@ -421,12 +448,15 @@ def _write_back(log: TranscriptLog, resumed: LoadedTranscript) -> None:
 
     Held messages that no `release` joined were joined at the end of the file: a `release` there says
     so (else the next release the session writes, or the next end of the file, would move them). Then
-    the synthetic results. The same for each sidechain, in its own records.
+    the synthetic results, then a tombstone for each message a resume at an earlier message dropped. The same
+    for each sidechain, in its own records.
     """
     if resumed.unreleased:
         log.release()
     for message in resumed.repairs:
         log.append(message)
+    for uuid in resumed.dropped:  # a resume at an earlier message: what followed it is retracted, as a tombstone does
+        log.append(TombstoneEvent(message_uuid=uuid))
     for agent_id, side in resumed.sidechains.items():
         repairs = resumed.sidechain_repairs.get(agent_id, [])
         if agent_id not in resumed.unreleased_sidechains and not repairs:

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from queryloop.runtime.kernel.messages import AbortReason
-    from queryloop.runtime.loop.events import Block, QueryEvent, TranscriptMessage
+    from queryloop.runtime.loop.context_usage import ContextUsageResponse
+    from queryloop.runtime.loop.events import Block, QueryEvent, SystemMessage, TranscriptMessage
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.ray.wire import Ending
 
@@ -99,6 +100,23 @@ class RemoteSession:
         router = self._router
         found: dict[str, Sidechain] = await router._ask_shard(self, lambda shard: shard.sidechains.remote(key))  # noqa: SLF001
         return found
+
+    async def compact(self, instructions: str | None = None) -> SystemMessage:
+        """As `Session.compact`, on its shard: Claude Code's `/compact [instructions]`; the compact boundary."""
+        key, router = self.key, self._router
+        boundary: SystemMessage = await router._ask_shard(self, lambda shard: shard.compact.remote(key, instructions))  # noqa: SLF001
+        return boundary
+
+    async def context_usage(self) -> ContextUsageResponse:
+        """As `Session.context_usage`, on its shard: keyed as the Agent SDK's `ContextUsageResponse`."""
+        key, router = self.key, self._router
+        usage: ContextUsageResponse = await router._ask_shard(self, lambda shard: shard.context_usage.remote(key))  # noqa: SLF001
+        return usage
+
+    async def set_model(self, model: str | None = None) -> None:
+        """As `Session.set_model`, on its shard: the model of the session's next queries (None: the options')."""
+        key = self.key
+        await self._router._ask_shard(self, lambda shard: shard.set_model.remote(key, model))  # noqa: SLF001
 
     async def close(self) -> None:
         """Abort what runs, then close the session on its shard (its transcript stays)."""

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
     from queryloop.runtime.host.aio import AsyncioQuery, AsyncioSession
     from queryloop.runtime.kernel.messages import AbortReason
-    from queryloop.runtime.loop.events import TranscriptMessage
+    from queryloop.runtime.loop.context_usage import ContextUsageResponse
+    from queryloop.runtime.loop.events import SystemMessage, TranscriptMessage
     from queryloop.runtime.loop.restore import Sidechain
     from queryloop.runtime.ray.wire import Submission
 
@@ -245,9 +246,12 @@ class Shard:
             raise FactoryError(msg)
         return options
 
-    async def open_session(self, key: str, spec: Mapping[str, Any], resume: bool, fork_of: str | None = None) -> str:
+    async def open_session(
+        self, key: str, spec: Mapping[str, Any], resume: bool, fork_of: str | None = None, at: str | None = None
+    ) -> str:
         """Open (or, `resume`, restore from its transcript) the session `key`; returns its session id.
-        `fork_of`: a new session `key` that goes on from the conversation in session `fork_of`'s transcript."""
+        `fork_of`: a new session `key` that goes on from the conversation in session `fork_of`'s transcript.
+        `at`: a resume or a fork up to and including that message (`resume_session_at`)."""
         runtime = await self._rt()
         if key in self._sessions:
             msg = f"session {key!r} is already open on shard {self.index}"
@@ -261,13 +265,15 @@ class Shard:
             msg = f"no transcript {source.name} in the transcript directory to {what}"
             raise FileNotFoundError(msg)
         if resume:
-            session = await runtime.open_session(options, resume=path)
+            session = await runtime.open_session(options, resume=path, resume_session_at=at)
         else:
             if exists:
                 msg = f"session {key!r} has a transcript already: resume it, or open it under another key"
                 raise FileExistsError(msg)
             if fork_of is not None:
-                session = await runtime.open_session(options, resume=source, transcript=path, fork=True)
+                session = await runtime.open_session(
+                    options, resume=source, transcript=path, fork=True, resume_session_at=at
+                )
             else:
                 session = await runtime.open_session(options, transcript=path)
         self._sessions[key] = _Hosted(session)
@@ -293,6 +299,15 @@ class Shard:
 
     async def sidechains(self, key: str) -> dict[str, Sidechain]:
         return await self._hosted(key).session.sidechains()
+
+    async def compact(self, key: str, instructions: str | None) -> SystemMessage:
+        return await self._hosted(key).session.compact(instructions)
+
+    async def context_usage(self, key: str) -> ContextUsageResponse:
+        return await self._hosted(key).session.context_usage()
+
+    async def set_model(self, key: str, model: str | None) -> None:
+        await self._hosted(key).session.set_model(model)
 
     async def submit(self, submissions: list[Submission]) -> None:
         """Start the queries (in order); their events and ends go to their drivers' streams."""

@@ -205,26 +205,47 @@ class ShardedRuntime:
         key = key or f"s{secrets.token_hex(8)}"
         return await self._place(key, spec or {}, resume=False, avoid=None)
 
-    async def resume(self, key: str, spec: Mapping[str, Any] | None = None) -> RemoteSession:
+    async def resume(
+        self, key: str, spec: Mapping[str, Any] | None = None, *, resume_session_at: str | None = None
+    ) -> RemoteSession:
         """Restore session `key` from its transcript on a live shard (another than the one that lost it,
-        if there is one); the same session id, the conversation so far."""
+        if there is one); the same session id, the conversation so far (`resume_session_at`: up to and including
+        that message, what followed it retracted in the file, as `Runtime.open_session`'s)."""
         known = self._sessions.get(key)
         if known is not None and known.lost is None and not known.closed:
             msg = f"session {key!r} is open on shard {known.shard}: nothing to resume"
             raise ValueError(msg)
         avoid = known.shard if known is not None else None
-        return await self._place(key, spec if spec is not None else (known.spec if known else {}), True, avoid)
+        spec = spec if spec is not None else (known.spec if known else {})
+        return await self._place(key, spec, True, avoid, at=resume_session_at)
 
-    async def fork(self, key: str, new_key: str | None = None, spec: Mapping[str, Any] | None = None) -> RemoteSession:
+    async def fork(
+        self,
+        key: str,
+        new_key: str | None = None,
+        spec: Mapping[str, Any] | None = None,
+        *,
+        resume_session_at: str | None = None,
+    ) -> RemoteSession:
         """A new session (`new_key`, made if not given) on the least-loaded live shard that goes on from
-        the conversation in session `key`'s transcript, with a session id of its own; `key`'s session
-        and transcript are left as they are, open or not. `spec` defaults to `key`'s."""
+        the conversation in session `key`'s transcript (`resume_session_at`: up to and including that message),
+        with a session id of its own; `key`'s session and transcript are left as they are, open or not. `spec`
+        defaults to `key`'s."""
         known = self._sessions.get(key)
         spec = spec if spec is not None else (known.spec if known is not None else {})
-        return await self._place(new_key or f"s{secrets.token_hex(8)}", spec, False, None, fork_of=key)
+        return await self._place(
+            new_key or f"s{secrets.token_hex(8)}", spec, False, None, fork_of=key, at=resume_session_at
+        )
 
     async def _place(
-        self, key: str, spec: Mapping[str, Any], resume: bool, avoid: int | None, fork_of: str | None = None
+        self,
+        key: str,
+        spec: Mapping[str, Any],
+        resume: bool,
+        avoid: int | None,
+        *,
+        fork_of: str | None = None,
+        at: str | None = None,
     ) -> RemoteSession:
         if self.closed:
             raise RuntimeClosed("the sharded runtime is closed")
@@ -245,7 +266,7 @@ class ShardedRuntime:
         state.sessions[key] = session  # counted at once: concurrent openings spread
         self._sessions[key] = session
         try:
-            opened = state.actor.open_session.remote(key, dict(spec), resume, fork_of)
+            opened = state.actor.open_session.remote(key, dict(spec), resume, fork_of, at)
             session._id = await self._unwrap(state, key, opened)  # noqa: SLF001 - its id, once its shard has it
         except BaseException:
             state.sessions.pop(key, None)

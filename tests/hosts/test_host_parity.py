@@ -61,7 +61,7 @@ QUERY_EXTRAS: dict[type, dict[str, str]] = {
 SESSION_EXTRAS: dict[type, dict[str, str]] = {
     Session: {
         "supervisor": "the session's kernel group (`queryloop.lowlevel`): its acks, its actors",
-        "options": "the options the session was opened with (a query's overrides start from them)",
+        "options": "the options the session was opened with (a query's overrides start from them, and `set_model`'s)",
         "failure": "the kernel's crash record; every host raises it from the query's stream",
         "abort_nowait": "for code that cannot await (a finalizer, a query's own abort)",
         "live_tasks": "a snapshot of the trio run's work tasks: a probe for tests and benchmarks",

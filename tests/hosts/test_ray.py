@@ -265,6 +265,31 @@ def test_a_session_forked_on_another_shard_goes_on_from_its_conversation_and_lea
     sharded(tmp_path, main)
 
 
+def test_a_remote_sessions_controls_compact_count_set_its_model_and_fork_at_a_message_on_its_shard(
+    tmp_path: Path,
+) -> None:
+    async def main(rt: ShardedRuntime) -> None:
+        # The factory's one scripted model answers the query, the compaction's summary, then the next query.
+        session = await rt.open_session({"replies": ["Noted.", "We fixed tokens.py.", "Fixed."]}, key="ctl")
+        await session.query("Remember the parser bug. " * 100, events="result").wait()
+        before = await session.context_usage()
+        boundary = await session.compact("Keep the file names.")
+        after = await session.context_usage()
+        await session.set_model("claude-opus-4-6")
+        result = await session.query("Go on", events="result").wait()
+        assert boundary.subtype == "compact_boundary" and boundary.data["trigger"] == "manual"
+        assert after["totalTokens"] < before["totalTokens"] and before["model"] != "claude-opus-4-6"
+        assert (await session.context_usage())["model"] == "claude-opus-4-6"
+        assert result.result == "Fixed." and list(result.model_usage) == ["claude-opus-4-6"]
+        first, answer = (await session.transcript())[:2]
+        fork = await rt.fork("ctl", "ctl-fork", {"replies": []}, resume_session_at=answer.uuid)
+        assert [m.uuid for m in await fork.transcript()] == [first.uuid, answer.uuid]
+        with pytest.raises(ValueError, match="'unknown' names no message"):
+            await rt.fork("ctl", "ctl-bad", resume_session_at="unknown")
+
+    sharded(tmp_path, main)
+
+
 def test_a_shard_restarted_by_ray_comes_back_empty_says_so_and_takes_sessions_again(tmp_path: Path) -> None:
     async def main(rt: ShardedRuntime) -> None:
         victim = await rt.open_session({"kind": "block"}, key="victim")

@@ -205,12 +205,13 @@ async def test_fork_goes_on_as_a_new_session_in_another_file_and_leaves_the_orig
 async def test_fork_needs_a_resumed_transcript_and_another_file(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     options = QueryOptions(provider=ScriptedModel([]))
+    cases: tuple[dict[str, Any], ...] = (
+        {"transcript": path},
+        {"resume": path},
+        {"resume": path, "transcript": tmp_path / "." / "t.jsonl"},
+    )
     async with Runtime.open() as runtime:
-        for kwargs in (
-            {"transcript": path},
-            {"resume": path},
-            {"resume": path, "transcript": tmp_path / "." / "t.jsonl"},
-        ):
+        for kwargs in cases:
             with pytest.raises(ValueError, match="fork=True forks a resumed transcript into another file"):
                 await runtime.open_session(options, fork=True, **kwargs)
         assert runtime.groups == {}
