@@ -32,7 +32,7 @@ from queryloop.actors.query_loop.run import (
     turn_done,
     wait_for_room,
 )
-from queryloop.actors.tool_executor import Discard, ToolResult, begin_turn
+from queryloop.actors.tool_executor import Discard, ResponseGate, ToolResult, begin_turn
 from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.events import (
@@ -200,6 +200,13 @@ async def dispatch(loop: QueryLoop, run: Run, turn: Turn, item: Any) -> None:
         await charge_call(loop, run, turn, item)
     elif kind is Forwarded:  # a subagent's event, tagged: to the consumer only (its own log has it)
         await loop.emit(run, item.event, record=False)
+    elif kind is ResponseGate:  # a call its PreToolUse hooks deferred asks how many calls the turn has
+        if turn.response_closed:
+            item.open(len(turn.tool_ids))
+        elif turn.gates is None:
+            turn.gates = [item]
+        else:
+            turn.gates.append(item)
 
 
 async def charge_call(loop: QueryLoop, run: Run, turn: Turn, ended: CallEnded) -> None:
@@ -253,6 +260,8 @@ def drain_in_ending(loop: QueryLoop, run: Run, turn: Turn) -> None:
                 run.unsettled.append((run.model, usage))
         elif kind is ConsumerGone:
             run.consumer_open = False
+        elif kind is ResponseGate:
+            pass  # never opened: the call's work waits for the helpers' stop, which ends it
         elif kind is Forwarded:
             if run.consumer_open:
                 try:
@@ -267,6 +276,11 @@ def end_call(loop: QueryLoop, run: Run, turn: Turn, ended: CallEnded) -> Usage |
     """The call's last item: its response is whole; the usage to record, if it reached its end."""
     turn.ended = ended
     close_response(loop, turn)
+    gates = turn.gates
+    if gates is not None and ended.error is None and not ended.fallback:  # a whole response: deferred calls go on
+        turn.gates = None
+        for gate in gates:
+            gate.open(len(turn.tool_ids))
     if ended.stop_reason is None:
         if ended.error is not None:
             run.api_error_status = ended.error.status

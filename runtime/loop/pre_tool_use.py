@@ -11,6 +11,7 @@ timeout, a failing one a non-blocking hook error).
 * What they add up to (`combine`, pure): deny beats defer beats ask beats allow (`strongest_decision`).
   A deny's text is its hooks' reasons (one a line), else Claude Code's `Hook PreToolUse:<tool> denied
   this tool`; an allow's `updatedInput` is the last one (in configuration order) of the hooks that allowed.
+  A defer holds the call for the host when it is the turn's only one (the executor's to tell).
 """
 
 from __future__ import annotations
