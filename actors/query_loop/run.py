@@ -89,8 +89,8 @@ class Turn:
     """What the call's stream reported so far, kept by the ModelCaller (billed even if the call never ends)."""
     usage_recorded: bool = False
     gates: list[ResponseGate] | None = None
-    """Calls deferred by their PreToolUse hooks, waiting for the response to be whole (`turn.open_gates`); None
-    while none waits, as on almost every turn."""
+    """Calls deferred by their PreToolUse hooks, waiting for the response to be whole (`turn.end_call` opens
+    their gates); None while none waits, as on almost every turn."""
 
 
 @record

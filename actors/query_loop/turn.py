@@ -2,9 +2,10 @@
 
 `model_phase` hands the call to the ModelCaller's task for the query (`CallFeed`, via `call_once`),
 waits on the turn's channel, and dispatches each item (assistant messages, tool results, progress, the
-call's end) as it arrives; a fallback (or a refusal, with a fallback model) retries it with the same
-State. That wait has no cancel scope: an abort wakes it (`Run.abort`) and the loop stops dispatching;
-the ending takes what is left (`drain_in_ending`). Every event goes through the loop's emission
+call's end, the gate of a call its PreToolUse hooks deferred, opened once the response is whole) as it
+arrives; a fallback (or a refusal, with a fallback model) retries it with the same State. That wait has no
+cancel scope: an abort wakes it (`Run.abort`) and the loop stops dispatching; the ending takes what is left
+(`drain_in_ending`). Every event goes through the loop's emission
 (`QueryLoop.emit`, which may wait for a slow consumer, or `QueryLoop.emit_now`, for an ending): a
 transcript message joins the conversation as it is emitted, a tool result once its response is whole
 (`close_response`).

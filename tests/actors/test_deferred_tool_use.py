@@ -16,6 +16,7 @@ import trio
 from pydantic import BaseModel
 
 from queryloop import (
+    AgentDefinition,
     DeferredToolUse,
     HookContext,
     HookInput,
@@ -31,6 +32,7 @@ from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage
 from queryloop.runtime.loop.model import ModelRequest
 from queryloop.runtime.loop.restore import load_transcript
 from queryloop.runtime.loop.transcript import transcript_problems
+from tests.agent_helpers import ByPrompt, agent_call
 from tests.helpers import (
     Ran,
     ToolLog,
@@ -329,3 +331,65 @@ async def test_an_abort_while_the_deferred_call_waits_for_its_response_ends_the_
     assert ran.reason == "aborted_streaming" and log.order == []
     assert ran.tool_results()["t1"]["is_error"] is True  # answered by the abort, as any call it cut
     assert ran.handle.result is not None and ran.handle.result.deferred_tool_use is None
+
+
+async def test_a_subagents_call_is_not_deferred_its_defer_ignored_with_a_warning() -> None:
+    hook, log = Decides(), ToolLog()
+    provider = ByPrompt(
+        {
+            "Delegate": [tools_reply(agent_call("call_1", "writer", "Write it")), text_reply("Delegated.")],
+            "Write it": [tools_reply(tool_use("w1", "write", WRITE)), text_reply("Written.")],
+        }
+    )
+    writer = AgentDefinition(description="Writes files", prompt="You write.", tools=["write"])
+    with log_records() as records:
+        async with Runtime.open() as runtime:
+            options = QueryOptions(
+                provider=provider,
+                tools=[scripted_tool("write", log=log)],
+                agents={"writer": writer},
+                hooks={"PreToolUse": [HookMatcher(matcher="write", hooks=[hook])]},
+            )
+            session = await runtime.open_session(options)
+            handle = session.query("Delegate")
+            _ = [event async for event in handle]
+    assert handle.terminal is not None and handle.terminal.reason == "completed"
+    assert handle.result is not None and handle.result.deferred_tool_use is None
+    assert log.order == ["w1"] and hook.seen == [("w1", WRITE)]
+    assert any("subagent" in r["message"] for r in records if r["level"] == "WARNING")
+
+
+async def test_an_abort_during_the_replay_answers_the_call_as_interrupted_and_ends_the_query() -> None:
+    hook, log = Decides(), ToolLog()
+    replaying, release = trio.Event(), trio.Event()
+
+    async def waits_on_replay(input_data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
+        if hook.seen:  # the second time: the replay
+            replaying.set()
+            await release.wait()
+        return await hook(input_data, tool_use_id, context)
+
+    async with Runtime.open() as runtime:
+        model = ScriptedModel([tools_reply(tool_use("t1", "write", WRITE)), text_reply("never")])
+        options = QueryOptions(
+            provider=model,
+            tools=[scripted_tool("write", log=log)],
+            hooks={"PreToolUse": [HookMatcher(hooks=[waits_on_replay])]},
+        )
+        session = await runtime.open_session(options)
+        first = await consume(session, session.query("Write a.txt"), model)
+        assert first.reason == "tool_deferred"
+        handle = session.query("")
+        async with trio.open_nursery() as nursery:
+
+            async def abort_once_replaying() -> None:
+                await replaying.wait()
+                session.abort_nowait("user")
+
+            nursery.start_soon(abort_once_replaying)
+            ran = await consume(session, handle, model)
+        await assert_settled(ran)
+        assert ran.reason == "aborted_tools" and log.order == [] and len(model.requests) == 1
+        assert ran.tool_results()["t1"]["is_error"] is True  # answered: no longer pending
+        transcript = await session.transcript()
+        assert not isinstance(transcript[-1], AttachmentMessage)
