@@ -36,7 +36,7 @@ from queryloop.runtime.loop.events import AttachmentMessage, SystemMessage
 from queryloop.runtime.loop.hooks import HookErrorSource, failure_text, hook_error_message
 from queryloop.runtime.loop.host_code import checked_permission, input_error_text
 from queryloop.runtime.loop.post_tool_use import PostToolUseVerdict, run_post_tool_use, run_post_tool_use_failure
-from queryloop.runtime.loop.pre_tool_use import deny_text, run_pre_tool_use
+from queryloop.runtime.loop.pre_tool_use import defer_ignored, deny_text, run_pre_tool_use
 from queryloop.runtime.loop.tools import Deny, Tool, ToolOutput, plain_output
 from queryloop.runtime.loop.transcript import tool_error
 from queryloop.runtime.loop.turn_hooks import run_permission_request
@@ -114,15 +114,15 @@ async def honours_defer(log: Logger, entry: CallEntry, turn: BeginTurn) -> bool:
     """Whether a PreToolUse `defer` of this call holds, as in Claude Code: only for a turn with a single tool call
     (waited for: the response may still be streaming its other blocks) and, here, only in the session's own loop
     (a subagent's conversation is not the host's to resume). Otherwise it is ignored with a warning."""
+    tool_calls = 0
     if turn.agent_id is None:
         gate = ResponseGate()
         turn.sink.push(gate)  # the loop opens it once the response is whole
         await gate.closed.wait()
-        if gate.tool_calls == 1:
-            return True
-        why = f"the turn has {gate.tool_calls} tool calls, defer needs a single one"
-    else:
-        why = "a subagent's call cannot be deferred to the host"
+        tool_calls = gate.tool_calls
+    why = defer_ignored(tool_calls, in_subagent=turn.agent_id is not None)
+    if why is None:
+        return True
     log.warning("PreToolUse defer of {} ({}) ignored: {}", entry.block.get("name", ""), entry.id, why)
     return False
 

@@ -10,6 +10,7 @@ from typing import Any
 from queryloop.runtime.loop.decisions import claude_code_terminal_reason, result_is_error, result_subtype
 from queryloop.runtime.loop.deferred import deferred_attachment, deferred_tool_use, pending_deferred
 from queryloop.runtime.loop.events import AssistantMessage, AttachmentMessage, TranscriptMessage, UserMessage
+from queryloop.runtime.loop.pre_tool_use import defer_ignored
 from queryloop.runtime.loop.restore import answer_open_tool_uses
 from queryloop.runtime.loop.transcript import normalize_messages_for_api, tool_result_message, transcript_problems
 
@@ -82,3 +83,9 @@ def test_tool_deferred_is_a_success_and_tool_deferred_unavailable_an_error() -> 
     assert result_is_error("tool_deferred_unavailable", api_error_surfaced=False) is True
     assert claude_code_terminal_reason("tool_deferred") == "tool_deferred"
     assert claude_code_terminal_reason("tool_deferred_unavailable") == "tool_deferred_unavailable"
+
+
+def test_a_defer_holds_only_for_the_turns_single_tool_call_and_not_in_a_subagent() -> None:
+    assert defer_ignored(1, in_subagent=False) is None
+    assert defer_ignored(2, in_subagent=False) == "the turn has 2 tool calls, defer needs a single one"
+    assert defer_ignored(1, in_subagent=True) == "a subagent's call cannot be deferred to the host"
