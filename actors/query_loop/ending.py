@@ -273,6 +273,7 @@ def send_outcome(loop: QueryLoop, run: Run, terminal: Terminal, turn_count: int,
         duration_api_ms=sdk_fields.duration_api_ms(run),
         api_error_status=sdk_fields.api_error_status(claude_code_reason, run),
         session_id=sdk_fields.session_id(loop),
+        deferred_tool_use=run.deferred_tool_use,
     )
     run.begin_ending()
     settled = Settled(terminal=terminal, transitions=list(run.transitions))

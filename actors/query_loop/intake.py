@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from queryloop.actors.compactor import context_config
+from queryloop.actors.query_loop.deferred import has_text, replay, unavailable
 from queryloop.actors.query_loop.lifecycle import session_start
 from queryloop.actors.query_loop.messages import RunQuery
 from queryloop.actors.query_loop.run import PhaseScope, QuerySetup, Run
@@ -20,6 +21,7 @@ from queryloop.actors.query_loop.stopping import hook_error
 from queryloop.actors.query_loop.subagent import AgentsHost, Subagents
 from queryloop.runtime import telemetry
 from queryloop.runtime.loop.control import control_plane, permission_asker
+from queryloop.runtime.loop.deferred import pending_deferred
 from queryloop.runtime.loop.event_hooks import QueryHooks, effect_messages
 from queryloop.runtime.loop.events import AttachmentMessage, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.hooks import hook_error_message
@@ -109,15 +111,29 @@ async def admit_prompt(loop: QueryLoop, run: Run, prompt: UserMessage) -> Termin
     """The prompt joins the conversation with what the hooks add, where Claude Code puts it: SessionStart's context
     before it (a session's first query), SubagentStart's (`run.setup.opening`) and UserPromptSubmit's after it.
     The query ends at once where its setup failed (`turn_setup_failed`), or where a UserPromptSubmit hook blocked
-    the prompt (blocked and erased: it never joins) or stopped the query (`continue: false`)."""
+    the prompt (blocked and erased: it never joins) or stopped the query (`continue: false`).
+
+    A call a PreToolUse hook deferred, waiting in the conversation, is replayed first (`deferred.replay`): the
+    prompt follows its answer, and joins only if the replay lets the query go on and it has text (an empty
+    prompt only says "go on", as the Agent SDK's resume does)."""
     setup = run.setup
     hooks = setup.hooks
-    if setup.setup_error is not None or hooks is None:
+    pending = pending_deferred(loop.conversation)
+    if setup.setup_error is not None:  # nothing is sent: Claude Code's turn_setup_failed
+        if pending is None:  # (a deferred call stays last, for a query that can replay it)
+            loop.record(prompt)
+        return Terminal(reason="turn_setup_failed", error=setup.setup_error)
+    if pending is not None and pending[1].get("name") not in setup.tools:  # before any hook, as in Claude Code
+        return unavailable(run, pending[1])
+    if hooks is not None:
+        await session_start(loop, run, hooks)
+    if pending is not None:
+        ended = await replay(loop, run, pending)
+        if ended is not None or not has_text(prompt):
+            return ended
+    if hooks is None:
         loop.record(prompt)
-        if setup.setup_error is not None:  # nothing is sent: Claude Code's turn_setup_failed
-            return Terminal(reason="turn_setup_failed", error=setup.setup_error)
         return None
-    await session_start(loop, run, hooks)
     added: list[TranscriptMessage] = []
     stop = None
     if hooks.has("UserPromptSubmit"):

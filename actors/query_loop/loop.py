@@ -4,7 +4,7 @@ The class is the actor alone: its messages, the session's state (helpers spawned
 conversation, transcript, accounts, sidechains) and the emission every step goes through (`emit`,
 `emit_now`, `keep`, `record`, `surface`). A query's run reads in order below (`_query` → `_run_loop` →
 `_loop` → `_after_model` → `_after_final` / `_after_tool_use`), calling steps that are plain functions of
-`intake`, `context`, `recoveries`, `turn` and `ending` taking the loop and the query's `Run`.
+`intake`, `deferred`, `context`, `recoveries`, `turn` and `ending` taking the loop and the query's `Run`.
 
 A query is non-abortable work of this actor: the loop ends the query itself, as Claude Code's does.
 `on_abort` records the reason and stops what the loop waits on (`Run.abort`). One function writes an early
@@ -38,6 +38,7 @@ from queryloop.actors.query_loop.context import (
     through_pipeline,
 )
 from queryloop.actors.query_loop.controls import SESSION_ASKS, answer
+from queryloop.actors.query_loop.deferred import joins_plainly
 from queryloop.actors.query_loop.ending import (
     UNWRITABLE,
     end_early,
@@ -340,7 +341,7 @@ class QueryLoop(TrioActor):
             self.accounts.begin_query(run.setup.options)
             self.caches.hooks = run.setup.hooks  # the last query's: the session's SessionEnd hooks
             refused = None  # the prompt joins the conversation (written first thing in `_run_loop`), unless:
-            if run.setup.hooks is None and run.setup.setup_error is None:  # (most queries: nothing to ask first)
+            if joins_plainly(self, run):  # (most queries: nothing to ask first, no deferred call to replay)
                 self.record(prompt)
             else:
                 refused = await admit_prompt(self, run, prompt)
@@ -472,8 +473,8 @@ class QueryLoop(TrioActor):
     ) -> Terminal | State:
         """A response with tool use, its tools done: a hook's stop, a structured answer, the turn cap, or the
         next turn with the results (and the attachments due)."""
-        if turn.prevent_continuation:
-            return Terminal(reason="hook_stopped")
+        if turn.prevent_continuation:  # a hook's `continue: false`, or the call a PreToolUse hook deferred
+            return Terminal(reason="hook_stopped" if run.deferred_tool_use is None else "tool_deferred")
         if run.structured is not None:
             answered = settle_answer(run, turn)
             if answered is not None:

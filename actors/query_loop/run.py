@@ -22,7 +22,7 @@ from queryloop.actors.budget_guard import BudgetStatus
 from queryloop.actors.compactor import ContextConfig
 from queryloop.actors.model_caller import CallEnded, CallFeed, CallProgress
 from queryloop.actors.query_loop.messages import QueryControl, RunQuery, Settled
-from queryloop.actors.tool_executor import ToolResult
+from queryloop.actors.tool_executor import ResponseGate, ToolResult
 from queryloop.runtime import telemetry
 from queryloop.runtime._frozen import EMPTY_DICT, EMPTY_LIST, empty_list, empty_set
 from queryloop.runtime._records import record
@@ -37,6 +37,7 @@ from queryloop.runtime.loop.events import (
     AgentUsage,
     AssistantMessage,
     AttachmentMessage,
+    DeferredToolUse,
     ResultMessage,
     SystemMessage,
     TranscriptMessage,
@@ -87,6 +88,9 @@ class Turn:
     progress: CallProgress = field(default_factory=CallProgress)
     """What the call's stream reported so far, kept by the ModelCaller (billed even if the call never ends)."""
     usage_recorded: bool = False
+    gates: list[ResponseGate] | None = None
+    """Calls deferred by their PreToolUse hooks, waiting for the response to be whole (`turn.end_call` opens
+    their gates); None while none waits, as on almost every turn."""
 
 
 @record
@@ -260,6 +264,9 @@ class Run:
     answered by this query's `result`. None until the first (most queries take none in)."""
     outcome: tuple[Settled, ResultMessage] | None = None
     """The query's last events, once sent: what the messages it took in are answered with."""
+    deferred_tool_use: DeferredToolUse | None = None
+    """The call a PreToolUse hook deferred (the query ends `tool_deferred`), or that cannot be replayed
+    (`tool_deferred_unavailable`): the result's `deferred_tool_use`."""
     disk_error: str | None = None
     """Why this query gave up on its transcript (`wait_for_room`); None while its writes succeed. Set, the
     query's later writes are tried once and never waited for, and its `result`'s `errors` name it."""
@@ -421,11 +428,16 @@ def accept_result(run: Run, turn: Turn, result: ToolResult) -> list[TranscriptMe
         run.add_hook_errors(result.host_errors)
     if result.denial is not None:
         run.add_denial(result.denial)
-    if not result.hook_messages:
+    if not result.hook_messages:  # (a deferred call's has its attachment)
         add_tool_results(turn, (result.message,))
         return [result.message]
     turn.prevent_continuation |= result.prevent_continuation
     run.add_hook_errors(m.content for m in result.hook_messages if type(m) is SystemMessage)
-    messages: list[TranscriptMessage] = [result.message, *result.hook_messages]
+    messages: list[TranscriptMessage]
+    if result.deferred is None:
+        messages = [result.message, *result.hook_messages]
+    else:  # deferred: no result, its hooks' messages then its `hook_deferred_tool` attachment (`message`)
+        run.deferred_tool_use = result.deferred
+        messages = list(result.hook_messages)
     add_tool_results(turn, messages)
     return messages

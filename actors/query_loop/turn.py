@@ -2,9 +2,10 @@
 
 `model_phase` hands the call to the ModelCaller's task for the query (`CallFeed`, via `call_once`),
 waits on the turn's channel, and dispatches each item (assistant messages, tool results, progress, the
-call's end) as it arrives; a fallback (or a refusal, with a fallback model) retries it with the same
-State. That wait has no cancel scope: an abort wakes it (`Run.abort`) and the loop stops dispatching;
-the ending takes what is left (`drain_in_ending`). Every event goes through the loop's emission
+call's end, the gate of a call its PreToolUse hooks deferred, opened once the response is whole) as it
+arrives; a fallback (or a refusal, with a fallback model) retries it with the same State. That wait has no
+cancel scope: an abort wakes it (`Run.abort`) and the loop stops dispatching; the ending takes what is left
+(`drain_in_ending`). Every event goes through the loop's emission
 (`QueryLoop.emit`, which may wait for a slow consumer, or `QueryLoop.emit_now`, for an ending): a
 transcript message joins the conversation as it is emitted, a tool result once its response is whole
 (`close_response`).
@@ -32,7 +33,7 @@ from queryloop.actors.query_loop.run import (
     turn_done,
     wait_for_room,
 )
-from queryloop.actors.tool_executor import Discard, ToolResult, begin_turn
+from queryloop.actors.tool_executor import Discard, ResponseGate, ToolResult, begin_turn
 from queryloop.runtime.errors import WorkCancelled
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.loop.events import (
@@ -200,6 +201,13 @@ async def dispatch(loop: QueryLoop, run: Run, turn: Turn, item: Any) -> None:
         await charge_call(loop, run, turn, item)
     elif kind is Forwarded:  # a subagent's event, tagged: to the consumer only (its own log has it)
         await loop.emit(run, item.event, record=False)
+    elif kind is ResponseGate:  # a call its PreToolUse hooks deferred asks how many calls the turn has
+        if turn.response_closed:
+            item.open(len(turn.tool_ids))
+        elif turn.gates is None:
+            turn.gates = [item]
+        else:
+            turn.gates.append(item)
 
 
 async def charge_call(loop: QueryLoop, run: Run, turn: Turn, ended: CallEnded) -> None:
@@ -253,6 +261,8 @@ def drain_in_ending(loop: QueryLoop, run: Run, turn: Turn) -> None:
                 run.unsettled.append((run.model, usage))
         elif kind is ConsumerGone:
             run.consumer_open = False
+        elif kind is ResponseGate:
+            pass  # never opened: the call's work waits for the helpers' stop, which ends it
         elif kind is Forwarded:
             if run.consumer_open:
                 try:
@@ -267,6 +277,11 @@ def end_call(loop: QueryLoop, run: Run, turn: Turn, ended: CallEnded) -> Usage |
     """The call's last item: its response is whole; the usage to record, if it reached its end."""
     turn.ended = ended
     close_response(loop, turn)
+    gates = turn.gates
+    if gates is not None and ended.error is None and not ended.fallback:  # a whole response: deferred calls go on
+        turn.gates = None
+        for gate in gates:
+            gate.open(len(turn.tool_ids))
     if ended.stop_reason is None:
         if ended.error is not None:
             run.api_error_status = ended.error.status

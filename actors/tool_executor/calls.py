@@ -10,7 +10,8 @@ What the hooks produce travels in the call's own `ToolResult` (`hook_messages`),
 the order it was produced: `hook_error` system messages for hooks that failed (the others count as if it
 had passed), `hook_blocking_error` and `hook_additional_context` attachments for the model,
 `hook_system_message` ones for the user, and a `hook_stopped_continuation` attachment for a hook that
-stopped the query.
+stopped the query. A call its PreToolUse hooks deferred (`honours_defer`) gets no result: its `ToolResult`
+carries the `hook_deferred_tool` attachment after its hooks' messages (`messages.deferred`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,22 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from queryloop.actors.tool_executor.messages import BeginTurn, CallEntry, ToolResult, denied, failed
+from queryloop.actors.tool_executor.messages import (
+    BeginTurn,
+    CallEntry,
+    ResponseGate,
+    ToolResult,
+    deferred,
+    denied,
+    failed,
+)
 from queryloop.runtime.loop.control import ToolPermissionContext
 from queryloop.runtime.loop.event_hooks import QueryHooks, effect_messages, read_answers, run_hooks, specific_output
 from queryloop.runtime.loop.events import AttachmentMessage, SystemMessage
 from queryloop.runtime.loop.hooks import HookErrorSource, failure_text, hook_error_message
 from queryloop.runtime.loop.host_code import checked_permission, input_error_text
 from queryloop.runtime.loop.post_tool_use import PostToolUseVerdict, run_post_tool_use, run_post_tool_use_failure
-from queryloop.runtime.loop.pre_tool_use import deny_text, run_pre_tool_use
+from queryloop.runtime.loop.pre_tool_use import defer_ignored, deny_text, run_pre_tool_use
 from queryloop.runtime.loop.tools import Deny, Tool, ToolOutput, plain_output
 from queryloop.runtime.loop.transcript import tool_error
 from queryloop.runtime.loop.turn_hooks import run_permission_request
@@ -58,7 +67,7 @@ async def admitted(log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn) -
     hook_decision: PermissionDecision | None = None
     hook_reason = None
     if turn.hooks is not None and turn.hooks.has("PreToolUse"):
-        hooked = await _pre_tool_use(log, entry, tool, turn.hooks, call)
+        hooked = await _pre_tool_use(log, entry, tool, turn, turn.hooks, call=call)
         if isinstance(hooked, ToolResult):
             return hooked
         call, hook_decision, hook_reason = hooked
@@ -74,10 +83,11 @@ async def admitted(log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn) -
 
 
 async def _pre_tool_use(
-    log: Logger, entry: CallEntry, tool: Tool, hooks: QueryHooks, call: Admitted
+    log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn, hooks: QueryHooks, *, call: Admitted
 ) -> tuple[Admitted, PermissionDecision | None, str | None] | ToolResult:
-    """The call's PreToolUse hooks: the error result of a deny or a `continue: false`, else the input (an allow's
-    `updatedInput` in the model's stead) and their decision and reason, for the permission rules."""
+    """The call's PreToolUse hooks: the error result of a deny or a `continue: false`, the deferred answer of a
+    defer the turn honours (`honours_defer`), else the input (an allow's `updatedInput` in the model's stead) and
+    their decision and reason, for the permission rules."""
     name, raw_input = tool.name, call[0]
     verdict = await run_pre_tool_use(hooks, name, entry.id, raw_input)
     note_failures(log, entry, "PreToolUse", verdict.failures)
@@ -88,12 +98,33 @@ async def _pre_tool_use(
         return failed(entry, entry.stop)
     if verdict.decision == "deny":
         return denied(entry, deny_text(verdict, name), raw_input)
+    if verdict.decision == "defer":
+        if await honours_defer(log, entry, turn):
+            return deferred(entry, raw_input)
+        return call, None, None  # the permission flow decides, as if the hooks had not
     if verdict.decision == "allow" and verdict.updated_input is not None:
         updated = replaced(log, entry, tool, verdict.updated_input)
         if isinstance(updated, ToolResult):
             return updated
         call = updated
     return call, verdict.decision, verdict.reason
+
+
+async def honours_defer(log: Logger, entry: CallEntry, turn: BeginTurn) -> bool:
+    """Whether a PreToolUse `defer` of this call holds, as in Claude Code: only for a turn with a single tool call
+    (waited for: the response may still be streaming its other blocks) and, here, only in the session's own loop
+    (a subagent's conversation is not the host's to resume). Otherwise it is ignored with a warning."""
+    tool_calls = 0
+    if turn.agent_id is None:
+        gate = ResponseGate()
+        turn.sink.push(gate)  # the loop opens it once the response is whole
+        await gate.closed.wait()
+        tool_calls = gate.tool_calls
+    why = defer_ignored(tool_calls, in_subagent=turn.agent_id is not None)
+    if why is None:
+        return True
+    log.warning("PreToolUse defer of {} ({}) ignored: {}", entry.block.get("name", ""), entry.id, why)
+    return False
 
 
 async def asked(

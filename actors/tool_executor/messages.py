@@ -12,8 +12,16 @@ import trio
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
 from queryloop.runtime.loop.control import PermissionAsker, Permissions
+from queryloop.runtime.loop.deferred import deferred_attachment
 from queryloop.runtime.loop.event_hooks import QueryHooks
-from queryloop.runtime.loop.events import AttachmentMessage, Block, ProgressEvent, SystemMessage, UserMessage
+from queryloop.runtime.loop.events import (
+    AttachmentMessage,
+    Block,
+    DeferredToolUse,
+    ProgressEvent,
+    SystemMessage,
+    UserMessage,
+)
 from queryloop.runtime.loop.tools import Tool
 from queryloop.runtime.loop.transcript import tool_error, tool_result_message
 
@@ -67,7 +75,9 @@ class ToolResult(Message):
     """A tool's answer, sent to the turn channel."""
 
     tool_use_id: str
-    message: UserMessage
+    message: UserMessage | AttachmentMessage
+    """Its `tool_result`; for a call a PreToolUse hook deferred (`deferred`), the `hook_deferred_tool` attachment
+    (also the last of its `hook_messages`, which are emitted instead)."""
     hook_messages: list[AttachmentMessage | SystemMessage] = field(default_factory=list)
     """What its PreToolUse and PostToolUse hooks produced, in order (module docstring); emitted after `message`."""
     prevent_continuation: bool = False
@@ -78,6 +88,26 @@ class ToolResult(Message):
     (`tool_name`, `tool_use_id`, `tool_input`)."""
     interrupt: bool = False
     """`can_use_tool` denied it with `interrupt`: the query ends as a user's interrupt ends it."""
+    deferred: DeferredToolUse | None = None
+    """A PreToolUse hook deferred the call (the turn's only one): it has no result, the query ends `tool_deferred`
+    with this as the result's `deferred_tool_use`."""
+
+
+class ResponseGate:
+    """A call whose PreToolUse hooks deferred it waits here for its response's end, which alone says how many tool
+    calls the turn has (a call starts as its block completes in the stream). Sent to the turn channel, where the
+    loop opens it once the response is whole (`open`); made only for a defer, so no other call pays for it."""
+
+    __slots__ = ("closed", "tool_calls")
+
+    def __init__(self) -> None:
+        self.closed = trio.Event()
+        self.tool_calls = 0
+
+    def open(self, tool_calls: int) -> None:
+        """The response is whole, with `tool_calls` tool calls."""
+        self.tool_calls = tool_calls
+        self.closed.set()
 
 
 begin_turn = keyword_maker(BeginTurn)
@@ -147,6 +177,20 @@ def failed(
         host_errors=(host_error,) if host_error else (),
         denial=denial,
         interrupt=interrupt,
+    )
+
+
+def deferred(entry: CallEntry, tool_input: dict[str, Any]) -> ToolResult:
+    """The answer of a call a PreToolUse hook deferred: no result, its hooks' messages then its `hook_deferred_tool`
+    attachment, and the query stops after it (`tool_deferred`)."""
+    call = DeferredToolUse(id=entry.id, name=entry.block.get("name", ""), input=tool_input)
+    attachment = deferred_attachment(call)
+    return ToolResult(
+        tool_use_id=entry.id,
+        message=attachment,
+        hook_messages=[*(entry.hook_messages or ()), attachment],  # never empty: the loop's slow path takes it
+        prevent_continuation=True,
+        deferred=call,
     )
 
 

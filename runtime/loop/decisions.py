@@ -208,6 +208,7 @@ ERROR_TERMINALS: frozenset[str] = frozenset(
         "api_error",
         "malformed_tool_use_exhausted",
         "rapid_refill_breaker",
+        "tool_deferred_unavailable",
     }
 )
 

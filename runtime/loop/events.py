@@ -332,6 +332,17 @@ class AgentUsage(Model):
     total_cost_usd: float
 
 
+@record
+class DeferredToolUse(Model):
+    """The tool call a PreToolUse hook deferred (`permissionDecision: "defer"`): the result's `deferred_tool_use`,
+    with the Agent SDK's `DeferredToolUse` fields. The call waits, unanswered, in the conversation; the session's
+    next query (or a session resumed from its transcript) replays it (docs/hooks.md, "Deferred tool use")."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
 ClaudeCodeTerminalReason = Literal[
     "completed",
     "max_turns",
@@ -425,6 +436,9 @@ class ResultMessage(Event):
     api_error_status: int | None = None
     """The HTTP status of the API error the query ended on (429, 500, 529, ...); None otherwise, and for an
     error that had none (a cut connection; claude-agent-sdk's field)."""
+    deferred_tool_use: DeferredToolUse | None = None
+    """The call a PreToolUse hook deferred, for a query that ended `tool_deferred` or `tool_deferred_unavailable`
+    (claude-agent-sdk's field); None otherwise."""
     uuid: str = dataclasses.field(default_factory=new_uuid)
     session_id: str = dataclasses.field(default="", compare=False)
     """The session's id (claude-agent-sdk's field), as on every event."""

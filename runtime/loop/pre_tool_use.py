@@ -11,6 +11,7 @@ timeout, a failing one a non-blocking hook error).
 * What they add up to (`combine`, pure): deny beats defer beats ask beats allow (`strongest_decision`).
   A deny's text is its hooks' reasons (one a line), else Claude Code's `Hook PreToolUse:<tool> denied
   this tool`; an allow's `updatedInput` is the last one (in configuration order) of the hooks that allowed.
+  A defer holds the call for the host when it is the turn's only one (`defer_ignored`; the executor counts).
 """
 
 from __future__ import annotations
@@ -57,6 +58,16 @@ class PreToolUseVerdict:
 
 
 NO_VERDICT = PreToolUseVerdict()
+
+
+def defer_ignored(tool_calls: int, *, in_subagent: bool) -> str | None:
+    """Why a PreToolUse `defer` does not hold, or None where it does: Claude Code holds it only for the turn's
+    single tool call; here, not for a subagent's call either (its conversation is not the host's to resume)."""
+    if in_subagent:
+        return "a subagent's call cannot be deferred to the host"
+    if tool_calls != 1:
+        return f"the turn has {tool_calls} tool calls, defer needs a single one"
+    return None
 
 
 def deny_text(verdict: PreToolUseVerdict, tool_name: str) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from queryloop.runtime.errors import TranscriptDamaged
+from queryloop.runtime.loop.deferred import pending_deferred
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     SystemMessage,
@@ -391,8 +392,11 @@ def answer_open_tool_uses(messages: list[TranscriptMessage]) -> list[UserMessage
     early ones back), and the log keeps the conversation's order; so a crash can leave
     open tool_uses only in the last response, answered (or not) by what follows it.
     Appended at the end, the results merge into the user message that follows the
-    response, if any: the roles still alternate.
+    response, if any: the roles still alternate. A call a PreToolUse hook deferred
+    (`deferred.pending_deferred`) is left open: no crash left it so.
     """
+    if pending_deferred(messages) is not None:
+        return []  # no crash: a call a PreToolUse hook deferred, open for the resumed session to replay
     response: list[AssistantMessage] = []
     after: list[TranscriptMessage] = []
     for message in reversed(messages):

@@ -237,7 +237,8 @@ class PreToolUseHookSpecificOutput(TypedDict):
 
     `permissionDecision`: `"deny"` (the tool does not run; `permissionDecisionReason` is the model's error),
     `"allow"` (it runs without asking `can_use_tool`; `updatedInput` replaces its input), `"ask"` (as
-    none: `can_use_tool` decides); `"defer"` is read as `"ask"` here. `additionalContext` is not used yet."""
+    none: `can_use_tool` decides), `"defer"` (the turn's only call waits for the host: the query ends
+    `tool_deferred`, docs/hooks.md). `additionalContext` is not used yet."""
 
     hookEventName: Literal["PreToolUse"]
     permissionDecision: NotRequired[Literal["allow", "deny", "ask", "defer"]]

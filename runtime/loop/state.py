@@ -192,6 +192,8 @@ TerminalReason = Literal[
     "api_error",
     "malformed_tool_use_exhausted",
     "rapid_refill_breaker",
+    "tool_deferred",
+    "tool_deferred_unavailable",
 ]
 
 

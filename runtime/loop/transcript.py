@@ -20,6 +20,7 @@ from typing import Any
 
 from loguru import logger
 
+from queryloop.runtime.loop.deferred import pending_deferred
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     AttachmentMessage,
@@ -397,8 +398,13 @@ def _join_into(head: list[dict[str, Any]], tail: list[dict[str, Any]]) -> None:
 
 
 def transcript_problems(messages: list[TranscriptMessage]) -> list[str]:
-    """What would make this transcript invalid to send, without repairing anything (empty = valid)."""
+    """What would make this transcript invalid to send, without repairing anything (empty = valid).
+
+    A deferred call waiting for the host's decision (`deferred.pending_deferred`) is no problem: the next query
+    answers it before it sends anything."""
     merged = _merge(messages_after_compact_boundary(messages))
+    pending = pending_deferred(messages)
+    excused = pending[1]["id"] if pending is not None else None
     problems: list[str] = []
     if merged and merged[0]["role"] != "user":
         problems.append("the first message is not a user message")
@@ -410,7 +416,7 @@ def transcript_problems(messages: list[TranscriptMessage]) -> list[str]:
         if message["role"] == "user":
             problems.extend(_unmatched_results(index, message, previous))
         if message["role"] == "assistant":
-            problems.extend(_unanswered_uses(index, message, following))
+            problems.extend(p for tool_id, p in _unanswered_uses(index, message, following) if tool_id != excused)
     return problems
 
 
@@ -436,12 +442,12 @@ def _unmatched_results(index: int, message: dict[str, Any], previous: dict[str, 
     return problems
 
 
-def _unanswered_uses(index: int, message: dict[str, Any], following: dict[str, Any] | None) -> list[str]:
-    """The problems of an assistant message's tool_uses: one that the message just after it answers with no
-    tool_result."""
+def _unanswered_uses(index: int, message: dict[str, Any], following: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The problems of an assistant message's tool_uses (with their ids): one that the message just after it
+    answers with no tool_result."""
     answered = set(_block_ids(following, "tool_result", "tool_use_id")) if following is not None else set()
     return [
-        f"message {index}: tool_use {tool_id} has no tool_result"
+        (tool_id, f"message {index}: tool_use {tool_id} has no tool_result")
         for tool_id in _block_ids(message, "tool_use", "id")
         if tool_id not in answered
     ]
