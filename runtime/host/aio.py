@@ -36,6 +36,7 @@ import functools
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from queryloop.runtime import telemetry
 from queryloop.runtime.errors import RuntimeClosed, SessionClosed
 from queryloop.runtime.host.aio_bridge import Bridge, HostAttachmentSource, Mode, host_callback, host_tool
 from queryloop.runtime.host.aio_pipe import Pipe, StreamedQuery
@@ -345,7 +346,8 @@ class AsyncioSession:
         if interrupt:
             overrides = {**overrides, "interrupt": True}  # `Session.query`'s own keyword
         pipe = Pipe(self._bridge, self.session)
-        self._bridge.to_trio(lambda: pipe.submit(prompt, overrides))
+        parent = telemetry.caller_context()  # the asyncio task's span: the query's parent, on the trio side too
+        self._bridge.to_trio(lambda: pipe.submit(prompt, overrides, parent))
         self._bridge.pipes.add(pipe)
         return AsyncioQuery(pipe)
 

@@ -21,12 +21,15 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 import trio
 from loguru import logger
 
+from queryloop.runtime import telemetry
 from queryloop.runtime.errors import QueryloopError, RuntimeClosed
 from queryloop.runtime.loop.events import ResultMessage
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
+
+    from opentelemetry.context import Context
 
     from queryloop.runtime.host.aio_bridge import Bridge
     from queryloop.runtime.host.session import QueryHandle, Session
@@ -214,10 +217,15 @@ class Pipe(HostStream):
 
     # -- trio side ------------------------------------------------------------------------
 
-    def submit(self, prompt: str | list[Block], overrides: dict[str, Any]) -> None:
+    def submit(self, prompt: str | list[Block], overrides: dict[str, Any], parent: Context | None = None) -> None:
+        """Submit the query on the trio side; `parent`: the caller's trace context (`telemetry.caller_context`)."""
         bridge = self.bridge
         try:
-            self.handle = self.session.query(prompt, **overrides)
+            if parent is None:
+                self.handle = self.session.query(prompt, **overrides)
+            else:
+                with telemetry.attached(parent):
+                    self.handle = self.session.query(prompt, **overrides)
         except Exception as error:  # noqa: BLE001 - the consumer's first wait raises it
             bridge.to_host(self.failed, error)
             return

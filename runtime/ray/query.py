@@ -5,7 +5,8 @@ returns a query to iterate (`async for`), `await query.wait()` (then `query.resu
 `query.abort()` from the driver's loop; `async with query:` aborts it when the block is left early, and so
 does `aclose()` and dropping the query unread (its finalizer hands the abort to the driver's loop). An
 abort goes to the shard on the control lane. The events of a query are filled in by its `ShardedRuntime`'s
-stream from that shard. Imports `queryloop.runtime.ray.wire` and `host.aio_pipe`.
+stream from that shard. Imports `queryloop.runtime.ray.wire`, `host.aio_pipe` and `telemetry` (the driver's
+trace context goes with each submission).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
+from queryloop.runtime import telemetry
 from queryloop.runtime.errors import QueryloopError, RuntimeClosed, ShardLost
 from queryloop.runtime.host.aio_pipe import HostStream, StreamedQuery
 from queryloop.runtime.loop.events import ResultMessage
@@ -81,7 +83,8 @@ class RemoteSession:
         router = self._router
         qid = router._next_qid()  # noqa: SLF001 - its own runtime's routing
         inbox = Inbox(self, qid)
-        router._submit(self, inbox, Submission(self.key, qid, router.stream, prompt, events, overrides))  # noqa: SLF001
+        trace = telemetry.caller_carrier()  # the driver's span, the parent of the query's spans on the shard
+        router._submit(self, inbox, Submission(self.key, qid, router.stream, prompt, events, overrides, trace))  # noqa: SLF001
         return RemoteQuery(inbox)
 
     async def abort(self, reason: AbortReason = "user") -> int:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 from loguru import logger
 
+from queryloop.runtime import telemetry
 from queryloop.runtime.errors import FactoryError, RuntimeClosed
 from queryloop.runtime.host.aio import AsyncioRuntime
 from queryloop.runtime.loop.events import ResultMessage
@@ -320,7 +321,8 @@ class Shard:
             outbox = self._outboxes[sub.stream] = _Outbox(self.max_buffered)
         try:
             hosted = self._hosted(sub.key)
-            query = hosted.session.query(sub.prompt, **sub.overrides)
+            with telemetry.submitted_under(sub.trace):  # the driver's span: the parent of the query's spans here
+                query = hosted.session.query(sub.prompt, **sub.overrides)
         except Exception as error:  # noqa: BLE001 - the driver's consumer raises it
             outbox.put((sub.qid, [], None, portable(error)))
             return

@@ -53,6 +53,9 @@ class Submission:
     prompt: str | list[Block]
     events: EventsMode
     overrides: dict[str, Any]
+    trace: dict[str, str] | None = None
+    """The driver's trace context (W3C `traceparent`, `tracestate`) where it submitted, while its telemetry is on:
+    the shard submits the query under it, so the query's spans join the driver's trace."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -358,3 +358,41 @@ def test_the_cluster_listens_on_loopback_only(tmp_path: Path) -> None:
         return [line for line in ours if line.split()[3].rsplit(":", 1)[0].strip("[]") not in loopback]
 
     assert sharded(tmp_path, main) == []
+
+
+def tool_outputs(events: list[Any]) -> list[Any]:
+    return [
+        block["content"]
+        for event in events
+        if isinstance(event, UserMessage) and isinstance(event.content, list)
+        for block in event.content
+        if block["type"] == "tool_result"
+    ]
+
+
+def test_a_drivers_span_is_the_parent_of_its_query_on_the_shard(tmp_path: Path) -> None:
+    """Trace context crosses the process boundary: the query's spans on the shard join the driver's trace."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from queryloop.runtime import telemetry
+
+    provider = TracerProvider()
+
+    async def main(rt: ShardedRuntime) -> None:
+        session = await rt.open_session({"kind": "traced"})
+        with provider.get_tracer("driver").start_as_current_span("request") as span:
+            events = [e async for e in session.query("trace")]
+        driver_trace = f"{span.get_span_context().trace_id:032x}"
+        assert tool_outputs(events) == [driver_trace]
+        other = await rt.open_session({"kind": "traced"})
+        untraced = [e async for e in other.query("trace")]  # no span current: a trace of its own
+        (own,) = tool_outputs(untraced)
+        assert own not in ("none", driver_trace)
+
+    telemetry.use(tracer_provider=provider)
+    try:
+        sharded(tmp_path, main)
+    finally:
+        telemetry.use()
+        provider.shutdown()

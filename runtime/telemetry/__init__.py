@@ -14,12 +14,13 @@ the task of the host that submits a query: the host's context (or `TRACEPARENT`'
 submitted, keyed by its `QueryControl`. The query's `invoke_agent` span (`query_span_start`) is its child, and the
 query's `chat`, `execute_tool` and hook spans are the query span's (the captured parent's until it starts). A
 subagent's query hangs from the Agent tool call's span (`subagent_submitted`, called inside that call).
+A host whose caller runs elsewhere carries the caller's context to where it submits (`propagation`: the
+asyncio host's trio side, a Ray shard).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.model import ModelRequest
     from queryloop.runtime.loop.stream import SeenResponse
 
+
+from queryloop.runtime.telemetry.propagation import attached as attached
+from queryloop.runtime.telemetry.propagation import from_environment, to_carrier
+from queryloop.runtime.telemetry.propagation import submitted_under as submitted_under
 
 T = TypeVar("T")
 
@@ -143,6 +148,22 @@ def query_submitted(control: QueryAbortFlag) -> None:
         telemetry.bind_parent(control)
 
 
+def caller_context() -> Context | None:
+    """The current context, for a host that submits its caller's query elsewhere (`propagation`); None while
+    telemetry is off (then nothing is carried)."""
+    if active is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
+def caller_carrier() -> dict[str, str] | None:
+    """`caller_context` as a W3C carrier, for a query submitted in another process; None while telemetry is off
+    or no span is current."""
+    return None if active is None else to_carrier()
+
+
 def subagent_submitted(control: QueryAbortFlag) -> None:
     """A subagent's query is sent, from inside the Agent tool call that runs it: the child's query span will be
     that call's `execute_tool` span's child (the span current where this is called)."""
@@ -234,7 +255,7 @@ class Telemetry:
 
         current: Context | None = context.get_current()
         if not trace.get_current_span(current).get_span_context().is_valid:
-            current = _from_environment()
+            current = from_environment()
         if _parents:
             for gone in [c for c in _parents if getattr(c, "finished", False)]:
                 del _parents[gone]  # a query that never started its span (it ended waiting its turn)
@@ -471,19 +492,3 @@ def _error_type(error: BaseException | None) -> str:
     if isinstance(kind, str):
         return kind
     return "_OTHER" if error is None else type(error).__qualname__
-
-
-def _from_environment() -> Context | None:
-    """The parent `TRACEPARENT` (and `TRACESTATE`) name, W3C trace context; None without a valid one."""
-    traceparent = os.environ.get("TRACEPARENT")
-    if not traceparent:
-        return None
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    carrier = {"traceparent": traceparent}
-    tracestate = os.environ.get("TRACESTATE")
-    if tracestate:
-        carrier["tracestate"] = tracestate
-    extracted = TraceContextTextMapPropagator().extract(carrier)
-    return extracted if trace.get_current_span(extracted).get_span_context().is_valid else None
