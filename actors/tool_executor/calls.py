@@ -17,7 +17,7 @@ carries the `hook_deferred_tool` attachment after its hooks' messages (`messages
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -48,11 +48,19 @@ if TYPE_CHECKING:
     from queryloop.runtime.loop.permissions import PermissionVerdict
 
 
+class LogOwner(Protocol):
+    """Whose log a call's warnings go to (the executor's): read only when there is something to say, so that a call
+    with nothing to report never binds a logger."""
+
+    @property
+    def log(self) -> Logger: ...
+
+
 Admitted = tuple[dict[str, Any], Any]
 """A call's input as the tool runs it: raw (the model's, or a hook's or `can_use_tool`'s in its stead) and parsed."""
 
 
-async def admitted(log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn) -> Admitted | ToolResult:
+async def admitted(owner: LogOwner, entry: CallEntry, tool: Tool, turn: BeginTurn) -> Admitted | ToolResult:
     """The input the tool runs with, or the error result for input refused by the tool's model or a permission
     denied (by a hook, a rule, the mode, `can_use_tool`, or because its check failed).
 
@@ -60,14 +68,14 @@ async def admitted(log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn) -
     permission rules and the mode decide (`Permissions.decide`: a hook's deny denies, its allow does not
     pass deny or ask rules); what is left undecided is asked (`asked`)."""
     raw_input: dict[str, Any] = entry.block.get("input") or {}
-    parsed = parse(log, entry, tool, raw_input)
+    parsed = parse(owner, entry, tool, raw_input)
     if isinstance(parsed, ToolResult):
         return parsed
     call: Admitted = (raw_input, parsed)
     hook_decision: PermissionDecision | None = None
     hook_reason = None
     if turn.hooks is not None and turn.hooks.has("PreToolUse"):
-        hooked = await _pre_tool_use(log, entry, tool, turn, turn.hooks, call=call)
+        hooked = await _pre_tool_use(owner, entry, tool, turn, turn.hooks, call=call)
         if isinstance(hooked, ToolResult):
             return hooked
         call, hook_decision, hook_reason = hooked
@@ -79,18 +87,18 @@ async def admitted(log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn) -
         return call
     if decided.behavior == "deny":
         return denied(entry, decided.reason, call[0])
-    return await asked(log, entry, tool, turn, call=call, decided=decided)
+    return await asked(owner, entry, tool, turn, call=call, decided=decided)
 
 
 async def _pre_tool_use(
-    log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn, hooks: QueryHooks, *, call: Admitted
+    owner: LogOwner, entry: CallEntry, tool: Tool, turn: BeginTurn, hooks: QueryHooks, *, call: Admitted
 ) -> tuple[Admitted, PermissionDecision | None, str | None] | ToolResult:
     """The call's PreToolUse hooks: the error result of a deny or a `continue: false`, the deferred answer of a
     defer the turn honours (`honours_defer`), else the input (an allow's `updatedInput` in the model's stead) and
     their decision and reason, for the permission rules."""
     name, raw_input = tool.name, call[0]
     verdict = await run_pre_tool_use(hooks, name, entry.id, raw_input)
-    note_failures(log, entry, "PreToolUse", verdict.failures)
+    note_failures(owner, entry, "PreToolUse", verdict.failures)
     added, entry.stop = effect_messages("PreToolUse", verdict.read, tool_name=name, tool_use_id=entry.id)
     if added:
         entry.hook_messages = [*(entry.hook_messages or ()), *added]
@@ -99,18 +107,18 @@ async def _pre_tool_use(
     if verdict.decision == "deny":
         return denied(entry, deny_text(verdict, name), raw_input)
     if verdict.decision == "defer":
-        if await honours_defer(log, entry, turn):
+        if await honours_defer(owner, entry, turn):
             return deferred(entry, raw_input)
         return call, None, None  # the permission flow decides, as if the hooks had not
     if verdict.decision == "allow" and verdict.updated_input is not None:
-        updated = replaced(log, entry, tool, verdict.updated_input)
+        updated = replaced(owner, entry, tool, verdict.updated_input)
         if isinstance(updated, ToolResult):
             return updated
         call = updated
     return call, verdict.decision, verdict.reason
 
 
-async def honours_defer(log: Logger, entry: CallEntry, turn: BeginTurn) -> bool:
+async def honours_defer(owner: LogOwner, entry: CallEntry, turn: BeginTurn) -> bool:
     """Whether a PreToolUse `defer` of this call holds, as in Claude Code: only for a turn with a single tool call
     (waited for: the response may still be streaming its other blocks) and, here, only in the session's own loop
     (a subagent's conversation is not the host's to resume). Otherwise it is ignored with a warning."""
@@ -123,29 +131,29 @@ async def honours_defer(log: Logger, entry: CallEntry, turn: BeginTurn) -> bool:
     why = defer_ignored(tool_calls, in_subagent=turn.agent_id is not None)
     if why is None:
         return True
-    log.warning("PreToolUse defer of {} ({}) ignored: {}", entry.block.get("name", ""), entry.id, why)
+    owner.log.warning("PreToolUse defer of {} ({}) ignored: {}", entry.block.get("name", ""), entry.id, why)
     return False
 
 
 async def asked(
-    log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn, *, call: Admitted, decided: PermissionVerdict
+    owner: LogOwner, entry: CallEntry, tool: Tool, turn: BeginTurn, *, call: Admitted, decided: PermissionVerdict
 ) -> Admitted | ToolResult:
     """A call the rules leave to the host: the Notification and PermissionRequest hooks, then `can_use_tool`;
     with nothing to ask, what nothing decided runs and what something asks is refused."""
     hooks = turn.hooks
     if hooks is not None and (hooks.has("PermissionRequest") or hooks.has("Notification")):
-        answered = await ask_hooks(log, entry, tool, hooks, call=call)
+        answered = await ask_hooks(owner, entry, tool, hooks, call=call)
         if answered is not None:
             return answered
     if turn.can_use_tool is None:
         if decided.undecided:
             return call
         return denied(entry, f"{decided.reason} There is no can_use_tool to ask.", call[0])
-    return await ask(log, entry, tool, turn, call=call, reason=decided.reason)
+    return await ask(owner, entry, tool, turn, call=call, reason=decided.reason)
 
 
 async def ask_hooks(
-    log: Logger, entry: CallEntry, tool: Tool, hooks: QueryHooks, *, call: tuple[dict[str, Any], Any]
+    owner: LogOwner, entry: CallEntry, tool: Tool, hooks: QueryHooks, *, call: tuple[dict[str, Any], Any]
 ) -> tuple[dict[str, Any], Any] | ToolResult | None:
     """The hooks of a permission about to be asked, as Claude Code runs them when it would show its prompt: the
     Notification hooks (`notification_type` `permission_prompt`), then the PermissionRequest hooks, whose
@@ -154,17 +162,17 @@ async def ask_hooks(
     if hooks.has("Notification"):
         fields = {"message": f"Claude needs your permission to use {name}", "notification_type": "permission_prompt"}
         answers = await run_hooks(hooks, "Notification", "permission_prompt", fields)
-        note_failures(log, entry, "Notification", read_answers(answers, "Notification", _notification).failures)
+        note_failures(owner, entry, "Notification", read_answers(answers, "Notification", _notification).failures)
     if not hooks.has("PermissionRequest"):
         return None
     answer, read = await run_permission_request(hooks, name, raw_input)
-    note_failures(log, entry, "PermissionRequest", read.failures)
+    note_failures(owner, entry, "PermissionRequest", read.failures)
     if answer is None:
         return None
     if not answer.allow:
         message = answer.message or f"Permission to use {name} has been denied."
         return denied(entry, message, raw_input, interrupt=answer.interrupt)
-    return call if answer.updated_input is None else replaced(log, entry, tool, answer.updated_input)
+    return call if answer.updated_input is None else replaced(owner, entry, tool, answer.updated_input)
 
 
 def _notification(value: dict[str, Any]) -> None:
@@ -173,8 +181,8 @@ def _notification(value: dict[str, Any]) -> None:
 
 
 async def ask(
-    log: Logger, entry: CallEntry, tool: Tool, turn: BeginTurn, *, call: tuple[dict[str, Any], Any], reason: str | None
-) -> tuple[dict[str, Any], Any] | ToolResult:
+    owner: LogOwner, entry: CallEntry, tool: Tool, turn: BeginTurn, *, call: Admitted, reason: str | None
+) -> Admitted | ToolResult:
     """`can_use_tool`'s answer for the call (with the SDK's context), or the error result of a deny."""
     name, (raw_input, parsed) = tool.name, call
     assert turn.can_use_tool is not None
@@ -183,7 +191,7 @@ async def ask(
         decision = checked_permission(await turn.can_use_tool(name, raw_input, context))
     except Exception as error:  # noqa: BLE001 - the host's callback: an error result, never a dead session
         # Never taken as an allow: the tool does not run, and the result's `errors` names why.
-        log.opt(exception=error).warning("can_use_tool failed for {} ({})", name, entry.id)
+        owner.log.opt(exception=error).warning("can_use_tool failed for {} ({})", name, entry.id)
         text = f"can_use_tool failed for {name} ({entry.id}): {failure_text(error)}"
         return failed(entry, f"Error: permission check failed: {failure_text(error)}", host_error=text)
     if isinstance(decision, Deny):
@@ -193,23 +201,23 @@ async def ask(
         try:
             turn.permissions.apply(decision.updated_permissions)
         except (TypeError, ValueError) as error:  # the SDK's rule: the call is allowed, no update applies
-            log.warning("can_use_tool's updated_permissions for {} not applied: {}", entry.id, error)
+            owner.log.warning("can_use_tool's updated_permissions for {} not applied: {}", entry.id, error)
             entry.host_error = f"can_use_tool's updated_permissions for {name} ({entry.id}) not applied: {error}"
     if decision.updated_input is None:
         return raw_input, parsed
-    return replaced(log, entry, tool, decision.updated_input)
+    return replaced(owner, entry, tool, decision.updated_input)
 
 
 def replaced(
-    log: Logger, entry: CallEntry, tool: Tool, updated: dict[str, Any]
+    owner: LogOwner, entry: CallEntry, tool: Tool, updated: dict[str, Any]
 ) -> tuple[dict[str, Any], Any] | ToolResult:
     """The input a hook's allow or `can_use_tool` gave in the model's stead, raw and parsed by the tool's
     model (or the error result for one the model refuses)."""
-    parsed = parse(log, entry, tool, updated)
+    parsed = parse(owner, entry, tool, updated)
     return parsed if isinstance(parsed, ToolResult) else (updated, parsed)
 
 
-def parse(log: Logger, entry: CallEntry, tool: Tool, raw_input: dict[str, Any]) -> Any:
+def parse(owner: LogOwner, entry: CallEntry, tool: Tool, raw_input: dict[str, Any]) -> Any:
     """The tool's parsed input, or the error result for input its model refused (or whose validator,
     host code, raised something else than a `ValidationError`: then named in the result's `errors`)."""
     try:
@@ -217,12 +225,12 @@ def parse(log: Logger, entry: CallEntry, tool: Tool, raw_input: dict[str, Any]) 
     except ValidationError as error:
         return failed(entry, input_error_text(error))
     except Exception as error:  # noqa: BLE001 - a host's validator: an error result, never a dead session
-        log.opt(exception=error).warning("input validator of {} raised", tool.name)
+        owner.log.opt(exception=error).warning("input validator of {} raised", tool.name)
         text = f"input validator of {tool.name} ({entry.id}) failed: {failure_text(error)}"
         return failed(entry, input_error_text(error), host_error=text)
 
 
-def as_json(log: Logger, name: str, output: object) -> tuple[ToolOutput, bool]:
+def as_json(owner: LogOwner, name: str, output: object) -> tuple[ToolOutput, bool]:
     """A tool's non-string output as plain JSON (`plain_output`), or an error result naming the tool.
 
     Checked here, where the result is made, because nothing later can answer for it: the request
@@ -231,12 +239,12 @@ def as_json(log: Logger, name: str, output: object) -> tuple[ToolOutput, bool]:
     plain, problem = plain_output(output)
     if plain is not None:
         return plain, False
-    log.warning(f"tool {name} returned {problem}")
+    owner.log.warning(f"tool {name} returned {problem}")
     return tool_error(f"Error: tool {name} returned {problem}"), True
 
 
 def note_failures(
-    log: Logger, entry: CallEntry, event: HookErrorSource, failures: tuple[tuple[Any, Exception], ...]
+    owner: LogOwner, entry: CallEntry, event: HookErrorSource, failures: tuple[tuple[Any, Exception], ...]
 ) -> None:
     """Each hook that failed, logged and kept as a `hook_error` event of the call."""
     if not failures:
@@ -244,13 +252,13 @@ def note_failures(
     name = entry.block.get("name", "")
     messages = entry.hook_messages if entry.hook_messages is not None else []
     for hook, error in failures:
-        log.opt(exception=error).warning("{} hook failed for {} ({})", event, name, entry.id)
+        owner.log.opt(exception=error).warning("{} hook failed for {} ({})", event, name, entry.id)
         messages.append(hook_error_message(event, hook, error, tool_name=name, tool_use_id=entry.id))
     entry.hook_messages = messages
 
 
 async def after_call(
-    log: Logger,
+    owner: LogOwner,
     entry: CallEntry,
     tool: Tool,
     hooks: QueryHooks,
@@ -277,7 +285,7 @@ async def after_call(
             hooks, name, entry.id, tool_input=tool_input, tool_response=output, duration_ms=duration_ms
         )
         event = "PostToolUse"
-    note_failures(log, entry, event, verdict.read.failures)
+    note_failures(owner, entry, event, verdict.read.failures)
     added: list[AttachmentMessage | SystemMessage] = [
         AttachmentMessage(
             attachment={
@@ -298,7 +306,7 @@ async def after_call(
     if verdict.replaces_output:
         replaced: ToolOutput = verdict.output
         if replaced.__class__ is not str:
-            replaced, failed = as_json(log, name, replaced)
+            replaced, failed = as_json(owner, name, replaced)
             if failed:
                 return output
         return replaced

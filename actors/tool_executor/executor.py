@@ -133,7 +133,7 @@ class StreamingToolExecutor(TrioActor):
             return failed(entry, entry.input_error)
         if tool is None:
             return failed(entry, f"Error: No such tool available: {name}")
-        call = await admitted(self.log, entry, tool, turn)
+        call = await admitted(self, entry, tool, turn)
         if isinstance(call, ToolResult):
             return call
         raw_input, args = call
@@ -147,7 +147,7 @@ class StreamingToolExecutor(TrioActor):
         if hooks is not None and hooks.has("PostToolUseFailure" if is_error else "PostToolUse"):
             duration_ms = int((time.monotonic() - started) * 1000)
             output = await after_call(
-                self.log,
+                self,
                 entry,
                 tool,
                 hooks,
@@ -188,5 +188,5 @@ class StreamingToolExecutor(TrioActor):
             self.log.opt(exception=trace).warning("tool {} ({}) raised {}", name, entry.id, failure_text(error))
             output, is_error = tool_error(f"Error: {error}"), True
         if output.__class__ is not str and not is_error:
-            output, is_error = as_json(self.log, name, output)
+            output, is_error = as_json(self, name, output)
         return output, is_error
