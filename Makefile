@@ -29,8 +29,14 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The suite on TEST_WORKERS processes (pytest-xdist). Two, not `auto`: `auto` counts physical cores, one on
+# a two-vCPU machine such as CI's. `--dist loadfile` keeps each test module on one worker, so a module-wide
+# fixture is made once, not once per worker (tests/hosts/test_ray.py's Ray cluster, test_packaging.py's
+# wheel and environment, test_readme.py's run of every example). `make test TEST_WORKERS=0`: one process.
+TEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench-kernel: $(VENV)/.dev
 	$(BIN)/python -m bench kernel
