@@ -166,7 +166,7 @@ def test_result_subtype_maps_limits_and_aborts_and_everything_else_is_success() 
         "max_structured_output_retries": "error_max_structured_output_retries",
         "turn_setup_failed": "error_during_execution",
     }
-    assert len(ALL_REASONS) == 16
+    assert len(ALL_REASONS) == 18
     for reason in ALL_REASONS:
         assert result_subtype(reason) == expected.get(reason, "success"), reason
 
@@ -186,6 +186,7 @@ def test_result_is_error_for_errors_aborts_and_limits_only() -> None:
         "api_error",
         "malformed_tool_use_exhausted",
         "rapid_refill_breaker",
+        "tool_deferred_unavailable",  # a deferred call whose tool is gone: an error; `tool_deferred` is not
     }
     for reason in ALL_REASONS:
         assert result_is_error(reason, api_error_surfaced=False) is (reason in errors), reason
