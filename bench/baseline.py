@@ -8,9 +8,12 @@ schemas; each request normalised incrementally, through the same constructors: `
 per-turn rules through the functions the QueryLoop calls: before each call the compact boundary and
 whether the context pipeline is needed; after each tool round the `max_turns` check, `next_turn` and
 whether a collapse may stage; at the end the budget ledger's totals (cost, usage) and the result's
-fields. An abort cancels the current phase and the loop answers every open `tool_use` before its
-result event, as the runtime does. What the ratio measures is therefore what the actors, the
-supervision and the abort protocol cost.
+fields. It keeps the Agent SDK's contract as the runtime does: the `init` event with the same data, a
+`session_id` on every event, the API time of each request, and the result's Claude Code fields
+(`terminal_reason`, `model_usage`, `duration_api_ms`, `api_error_status`, `session_id`), through the same
+functions (`sdk_fields`, `decisions`). An abort cancels the current phase and the loop answers every open
+`tool_use` before its result event, as the runtime does. What the ratio measures is therefore what the
+actors, the supervision and the abort protocol cost.
 
 The loop has no Compactor: a conversation that would need the context pipeline, or a collapse,
 is not W's, and raises.
@@ -28,14 +31,21 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
 from queryloop.actors.budget_guard import BudgetLedger
 from queryloop.actors.compactor import context_config
+from queryloop.actors.query_loop import sdk_fields
 from queryloop.runtime.loop.context import OversizedResultScan, TokenCountMemo, collapse_may_stage, pipeline_needed
-from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached, result_is_error, result_subtype
+from queryloop.runtime.loop.decisions import (
+    abort_terminal,
+    claude_code_terminal_reason,
+    max_turns_reached,
+    result_is_error,
+    result_subtype,
+)
 from queryloop.runtime.loop.events import (
     AssistantMessage,
     Event,
@@ -65,6 +75,8 @@ from queryloop.runtime.loop.transcript import (
     tool_result_message,
 )
 from queryloop.runtime.providers.scripted import ScriptedModel
+
+E = TypeVar("E", bound=Event)
 
 W_OPTIONS = QueryOptions()
 """The settings the runtime's side runs W with (`QueryOptions`' defaults): the baseline's config."""
@@ -135,11 +147,24 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
     if log is not None:
         log.write(first)
     state = initial_state([first])
-    # The query's `init` notice, as the QueryLoop opens it (`sdk_fields.init_message`).
-    yield SystemMessage(
-        subtype="init",
-        data={"type": "system", "subtype": "init", "model": options.model, "tools": [t.name for t in tools]},
-    )
+    # The query's `init` notice, as the QueryLoop opens it (`sdk_fields.init_message`), and the session's id on
+    # every event, as the consumer's handle sets it (`_stamped`).
+    session_id = new_uuid()
+    cwd = options.cwd if options.cwd is not None else os.getcwd()
+    data = {
+        "type": "system",
+        "subtype": "init",
+        "session_id": session_id,
+        "cwd": str(cwd),
+        "model": options.model,
+        "tools": [t.name for t in tools],
+        "mcp_servers": [{"name": name, "status": "connected"} for name in options.mcp_servers],
+        "permissionMode": options.permission_mode or "default",
+    }
+    init = SystemMessage(subtype="init", data=data, session_id=session_id)
+    data["uuid"] = init.uuid
+    yield init
+    api_s = 0.0
     unsettled: list[tuple[str, Usage]] = []
     text, message_id = "", ""
     stop_reason = None
@@ -154,7 +179,7 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
             count=count,
         ):
             raise NotImplementedError(_NOT_W)
-        yield StreamRequestStart()
+        yield _stamped(StreamRequestStart(), session_id)
         request = model_request(
             model=options.model,
             system=system,
@@ -179,9 +204,10 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
                 scope.cancel()
             async with trio.open_nursery() as nursery:
                 assembler = ResponseAssembler()
+                sent = trio.current_time()
                 async with aclosing(model.stream(request)) as stream:
                     async for raw in stream:
-                        yield stream_event(raw)
+                        yield stream_event(raw, session_id)
                         completed = assembler.feed(raw)
                         if completed is None:
                             continue
@@ -192,12 +218,13 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
                         assistant.append(message)
                         if log is not None:
                             log.write(message)
-                        yield message
+                        yield _stamped(message, session_id)
                         message_id, text = response_text(message_id, text, message)
                         if block.get("type") == "tool_use":
                             tool_uses += 1
                             pending += 1
                             nursery.start_soon(_run_tool, by_name, block, send)
+                api_s += trio.current_time() - sent
                 streamed = True
                 unsettled.append((options.model, assembler.usage))
                 stop_reason = assembler.stop_reason
@@ -207,7 +234,7 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
                     results.append(result)
                     if log is not None:
                         log.write(result)
-                    yield result
+                    yield _stamped(result, session_id)
         abort.scope = None
         if abort.reason is not None:
             while True:
@@ -218,12 +245,12 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
             for synthetic in missing_tool_results(assistant, results, INTERRUPTED_BY_USER):
                 if log is not None:
                     log.write(synthetic)
-                yield synthetic
+                yield _stamped(synthetic, session_id)
             if abort.reason != "interrupt":
                 interruption = UserMessage(content=[{"type": "text", "text": INTERRUPT_MESSAGE}])
                 if log is not None:
                     log.write(interruption)
-                yield interruption
+                yield _stamped(interruption, session_id)
             if log is not None:
                 await log.sync()
             reason: TerminalReason = abort_terminal(streamed, bool(tool_uses))
@@ -239,8 +266,25 @@ async def baseline_loop(  # noqa: PLR0915 - one loop, written out whole as Claud
         if options.context_collapse and collapse_may_stage(state.messages, context.limits, count):
             raise NotImplementedError(_NOT_W)
     yield _result(
-        reason, ledger, unsettled, started=started, text=text, stop_reason=stop_reason, turns=state.turn_count
+        reason,
+        ledger,
+        unsettled,
+        options,
+        started=started,
+        text=text,
+        stop_reason=stop_reason,
+        turns=state.turn_count,
+        sdk={"session_id": session_id, "api_s": api_s, "prompt_uuid": first.uuid},
     )
+
+
+_set = object.__setattr__
+
+
+def _stamped(event: E, session_id: str) -> E:
+    """The event with its session's id, as `QueryHandle.__anext__` sets it on every event it hands out."""
+    _set(event, "session_id", session_id)
+    return event
 
 
 _NOT_W = "the baseline runs workload W, whose context needs no compaction and whose turns are not limited"
@@ -260,16 +304,21 @@ def _result(
     reason: TerminalReason,
     ledger: BudgetLedger,
     unsettled: list[tuple[str, Usage]],
+    options: QueryOptions,
     *,
     started: float,
     text: str,
     stop_reason: str | None,
     turns: int,
+    sdk: dict[str, Any],
 ) -> ResultMessage:
-    """The query's totals from the ledger, its calls accounted in one go, as the runtime's `ending.settle` does."""
+    """The query's totals from the ledger, its calls accounted in one go, as the runtime's `ending.settle` does,
+    and the result's fields as `ending.send_outcome` fills them."""
     for model, usage in unsettled:
         ledger.account(model, usage)
-    totals = ledger.status()
+    totals = ledger.status(models=True)
+    claude_code_reason = claude_code_terminal_reason(reason)
+    prompt_uuid = sdk["prompt_uuid"]
     return ResultMessage(
         subtype=result_subtype(reason),
         is_error=result_is_error(reason, api_error_surfaced=False),
@@ -279,6 +328,16 @@ def _result(
         total_cost_usd=totals.query_cost_usd,
         usage=totals.query_usage,
         num_turns=turns,
+        errors=[],
+        usage_by_agent={},
+        user_message_uuid=prompt_uuid,
+        user_message_uuids=[prompt_uuid],
+        permission_denials=[],
+        terminal_reason=claude_code_reason,
+        model_usage=sdk_fields.model_usage(options, totals.models),
+        duration_api_ms=int(sdk["api_s"] * 1000),
+        api_error_status=None,
+        session_id=sdk["session_id"],
     )
 
 

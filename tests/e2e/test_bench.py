@@ -15,7 +15,7 @@ from bench import tricks, workload
 from bench.__main__ import main as bench_main
 from bench.baseline import BaselineAbort, baseline_loop
 from bench.collector import GcMeter, gc_setting, in_turn
-from queryloop import QueryOptions, ResultMessage, Runtime
+from queryloop import QueryOptions, ResultMessage, Runtime, SystemMessage
 from queryloop.runtime.host import _gc
 
 
@@ -134,9 +134,18 @@ async def test_the_baseline_does_the_runtimes_work_on_w_the_same_requests_events
         assert [m["content"] for m in mine.messages] == [m["content"] for m in other.messages]
     result, reference = theirs[-1], ours[-1]
     assert isinstance(result, ResultMessage) and isinstance(reference, ResultMessage)
-    for field in ("subtype", "is_error", "result", "stop_reason", "total_cost_usd", "usage", "num_turns"):
+    fields = ("subtype", "is_error", "result", "stop_reason", "total_cost_usd", "usage", "num_turns")
+    sdk = ("terminal_reason", "model_usage", "api_error_status", "permission_denials", "errors", "usage_by_agent")
+    for field in (*fields, *sdk):
         assert getattr(result, field) == getattr(reference, field), field
     assert reference.total_cost_usd > 0 and reference.num_turns == 3
+    # The Agent SDK's contract, kept alike: the init event's data, a session id on every event.
+    init, reference_init = theirs[0], ours[0]
+    assert isinstance(init, SystemMessage) and isinstance(reference_init, SystemMessage)
+    assert init.data.keys() == reference_init.data.keys()
+    for side in (ours, theirs):
+        ids = {getattr(e, "session_id", None) for e in side}
+        assert len(ids) == 1 and init.session_id and reference_init.session_id
 
 
 @pytest.mark.parametrize("side", ["runtime", "baseline"])
