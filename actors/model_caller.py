@@ -375,8 +375,7 @@ class ModelCaller(TrioActor):
             events, progress = call.events, call.progress
             # Not this request's: what an earlier try noted (an unseen failure is neither shown nor billed).
             progress.held, progress.start_usage, progress.delta_usage = held, None, None
-            buffered = events.items
-            item: Any
+            buffered, item = events.items, None
             async for raw in stream:
                 # An event in a plain dict that carries no usage (all but two a response): no `noted_event` checks.
                 kind = raw.get("type") if raw.__class__ is dict else None
@@ -392,6 +391,8 @@ class ModelCaller(TrioActor):
                         item = None
                     else:
                         await self._show_held(call, tries, held)
+                        if progress.cut:  # the query ended while the held start waited for the consumer
+                            continue
                 if item is None:
                     pass
                 elif len(buffered) < events.limit:  # `events.send_nowait(item)` written out (`EventChannel`'s note)

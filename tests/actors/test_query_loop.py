@@ -1276,9 +1276,10 @@ async def test_an_abort_with_a_transcript_sends_the_result_only_once_the_log_is_
 
 async def test_an_abort_while_a_slow_consumer_holds_the_stream_back_answers_every_tool_use_it_saw() -> None:
     # With room for one event, the stream waits for the consumer at every step; the abort comes after
-    # each number of events read in turn, so it finds the stream stopped at each of its steps once.
+    # each number of events read in turn, so it finds the stream stopped at each of its steps once (at 0, the
+    # response's held start waits for the consumer: nothing of the stream may follow the result).
     async with Runtime.open() as runtime:
-        for read_before_abort in range(1, 16):
+        for read_before_abort in range(16):
             model = ScriptedModel([tools_reply(tool_use("t1", "slow"), tool_use("t2", "slow"), text="Reading.")])
             session = await open_session(runtime, model, tools=[scripted_tool("slow", latency=3600)], event_buffer=1)
             handle = session.query("go")
