@@ -152,6 +152,36 @@ async def test_a_message_sent_while_compact_runs_waits_for_it_and_a_second_compa
     assert "Held summary." in sent and "parser bug" not in sent
 
 
+async def test_closing_the_session_while_compact_runs_cancels_it_and_ends_the_message_waiting_for_it() -> None:
+    model = ScriptedModel([text_reply("Noted."), text_reply("Fixed.")])
+
+    class NeverAnswers:
+        async def stream(self, request: ModelRequest) -> AsyncGenerator[dict[str, Any], None]:
+            await trio.sleep_forever()
+            yield {}
+
+    with trio.fail_after(10):  # nothing waits past the session's close
+        async with Runtime.open() as runtime:
+            session = await runtime.open_session(QueryOptions(provider=model, compact_provider=NeverAnswers()))
+            await session.query(LONG_PROMPT).wait()
+            failures: list[CompactFailed] = []
+            async with trio.open_nursery() as nursery:
+
+                async def compact() -> None:
+                    with pytest.raises(CompactFailed) as failed:
+                        await session.compact()
+                    failures.append(failed.value)
+
+                nursery.start_soon(compact)
+                await trio.testing.wait_all_tasks_blocked()
+                handle = session.query("Go on")  # waits its turn behind the compaction
+                await session.close()
+            result = await handle.wait()
+    assert [str(f) for f in failures] == ["Compaction canceled."]
+    assert result.subtype == "error_during_execution" and handle.terminal is not None
+    assert len(model.requests) == 1  # the waiting message never reached the model
+
+
 async def test_compact_of_an_empty_conversation_fails_with_not_enough_messages() -> None:
     summary = compactor("unused")
     async with Runtime.open() as runtime:
