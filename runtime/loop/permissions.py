@@ -336,7 +336,8 @@ def decide_permission(
     """Whether the call runs, as Claude Code decides it before asking, in the Agent SDK's order:
 
     1. The PreToolUse hooks' combined `hook_decision`: `deny` denies (with `hook_reason`). An `allow` does
-       not skip deny or ask rules; `ask` (and `defer`, read as ask) asks.
+       not skip deny or ask rules; `ask` asks. A `defer` decides nothing here: the executor honours it before
+       the rules (the call is deferred), and one it ignores goes through the rules as if no hook had decided.
     2. Deny rules, in every mode (`bypassPermissions` too). A Bash command is denied when the whole command,
        or any piece between its operators, matches (as written, or without leading assignments and
        wrappers such as `sudo` or `env`).
@@ -381,7 +382,7 @@ def _hooks_and_deny_rules(call: _Call) -> PermissionVerdict | None:
 
 def _ask_rules(call: _Call) -> PermissionVerdict | None:
     rule = _first_restrictive(call.rules.ask, call)
-    hook_asks = call.hook_decision in ("ask", "defer")
+    hook_asks = call.hook_decision == "ask"
     if rule is None and not hook_asks:
         return None
     who = f"the rule {rule}" if rule is not None else "a PreToolUse hook"

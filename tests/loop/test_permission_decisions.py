@@ -98,10 +98,16 @@ def test_a_hook_allow_allows_what_no_rule_stops(cwd: Path) -> None:
     assert run("make", cwd, hook="allow") == PermissionVerdict("allow", "Allowed by a PreToolUse hook.")
 
 
-@pytest.mark.parametrize("decision", ["ask", "defer"])
-def test_a_hook_ask_forces_ask_over_an_allow_rule(decision: PermissionDecision, cwd: Path) -> None:
-    assert run("make", cwd, allow=["Bash"], hook=decision).behavior == "ask"
-    assert run("make", cwd, allow=["Bash"], hook=decision, mode="bypassPermissions").behavior == "ask"
+def test_a_hook_ask_forces_ask_over_an_allow_rule(cwd: Path) -> None:
+    assert run("make", cwd, allow=["Bash"], hook="ask").behavior == "ask"
+    assert run("make", cwd, allow=["Bash"], hook="ask", mode="bypassPermissions").behavior == "ask"
+
+
+@pytest.mark.parametrize("rules", [{}, {"allow": ["Bash"]}, {"deny": ["Bash(make)"]}, {"ask": ["Bash"]}])
+def test_a_defer_that_reaches_the_rules_decides_nothing(rules: dict[str, list[str]], cwd: Path) -> None:
+    # The executor honours a defer before the rules; one it ignores (several calls in the turn) goes through
+    # the normal permission flow, as Claude Code's does.
+    assert run("make", cwd, hook="defer", **rules) == run("make", cwd, **rules)
 
 
 def test_an_allow_rule_allows_and_names_itself(cwd: Path) -> None:
