@@ -291,10 +291,10 @@ class ModelCaller(TrioActor):
                     tries.emitted = False
                     try:
                         if self.limiter is None:
-                            ended = await self._stream_once(call, tries)
+                            ended = await self._stream_once(call, tries, feed)
                         else:
                             async with self.limiter:  # held while the request streams, not during backoff
-                                ended = await self._stream_once(call, tries)
+                                ended = await self._stream_once(call, tries, feed)
                     except Exception as error:  # noqa: BLE001 - each kind is decided in `_after_failure`
                         after = self._after_failure(call, tries, error)
                         if after is None:
@@ -363,8 +363,9 @@ class ModelCaller(TrioActor):
         self.log.info(f"{request.model}: max_tokens {asked} refused ({kind}), sending again with {fix.max_tokens}")
         return dataclasses.replace(request, max_tokens=fix.max_tokens)
 
-    async def _stream_once(self, call: StartCall, tries: _Tries) -> CallEnded:
-        """One request (`tries.request`): forward its events, hand over its blocks; the end, or the provider's error."""
+    async def _stream_once(self, call: StartCall, tries: _Tries, feed: CallFeed) -> CallEnded:
+        """One request (`tries.request`): forward its events, hand over its blocks; the end, or the provider's error.
+        Its time in the API is the query's (`feed.api_s`, `duration_api_ms`): every attempt, whatever its end."""
         request, sent = tries.request, trio.current_time()
         assembler = ResponseAssembler()
         stream = self.provider.stream(request)
@@ -409,8 +410,7 @@ class ModelCaller(TrioActor):
                 if completed is not None:
                     self._hand_over(completed, assembler, call)
         finally:
-            if call.feed is not None:  # the query's API time (`duration_api_ms`): every attempt, whatever its end
-                call.feed.api_s += trio.current_time() - sent
+            feed.api_s += trio.current_time() - sent
             await stream.aclose()
         return self._ended(call, request, assembler)
 

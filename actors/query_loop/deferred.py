@@ -20,6 +20,7 @@ from queryloop.actors.query_loop.run import BudgetExceeded, QueryPhase, Run, Tur
 from queryloop.actors.query_loop.turn import TURN_BUFFER, dispatch
 from queryloop.actors.tool_executor import add_tool, begin_turn
 from queryloop.runtime.kernel.flow import EventChannel
+from queryloop.runtime.loop.decisions import tools_stopped_terminal
 from queryloop.runtime.loop.deferred import deferred_tool_use, pending_deferred
 from queryloop.runtime.loop.state import Terminal
 
@@ -90,5 +91,5 @@ async def replay(loop: QueryLoop, run: Run, pending: tuple[AssistantMessage, Blo
     if control.abort_reason is not None:
         return end_early(loop, run, turn, "aborted_tools")
     if turn.prevent_continuation:
-        return Terminal(reason="hook_stopped" if run.deferred_tool_use is None else "tool_deferred")
+        return Terminal(reason=tools_stopped_terminal(run.deferred_tool_use is not None))
     return None

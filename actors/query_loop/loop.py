@@ -73,7 +73,7 @@ from queryloop.runtime._frozen import EMPTY_DICT
 from queryloop.runtime.errors import SessionClosed
 from queryloop.runtime.kernel.actor import TrioActor, TrioActorRef
 from queryloop.runtime.kernel.messages import Abort, AbortReason
-from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached
+from queryloop.runtime.loop.decisions import abort_terminal, max_turns_reached, tools_stopped_terminal
 from queryloop.runtime.loop.events import AssistantMessage, Event, TombstoneEvent, TranscriptMessage, UserMessage
 from queryloop.runtime.loop.state import COMPLETED, State, Terminal, initial_state, next_turn
 from queryloop.runtime.loop.transcript import response_text
@@ -474,7 +474,7 @@ class QueryLoop(TrioActor):
         """A response with tool use, its tools done: a hook's stop, a structured answer, the turn cap, or the
         next turn with the results (and the attachments due)."""
         if turn.prevent_continuation:  # a hook's `continue: false`, or the call a PreToolUse hook deferred
-            return Terminal(reason="hook_stopped" if run.deferred_tool_use is None else "tool_deferred")
+            return Terminal(reason=tools_stopped_terminal(run.deferred_tool_use is not None))
         if run.structured is not None:
             answered = settle_answer(run, turn)
             if answered is not None:

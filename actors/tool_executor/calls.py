@@ -108,7 +108,7 @@ async def _pre_tool_use(
         return denied(entry, deny_text(verdict, name), raw_input)
     if verdict.decision == "defer":
         if await honours_defer(owner, entry, turn):
-            return deferred(entry, raw_input)
+            return deferred(entry)
         return call, None, None  # the permission flow decides, as if the hooks had not
     if verdict.decision == "allow" and verdict.updated_input is not None:
         updated = replaced(owner, entry, tool, verdict.updated_input)

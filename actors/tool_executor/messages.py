@@ -12,7 +12,7 @@ import trio
 from queryloop.runtime.kernel.flow import EventChannel
 from queryloop.runtime.kernel.messages import CarrierMessage, Message, keyword_maker, record
 from queryloop.runtime.loop.control import PermissionAsker, Permissions
-from queryloop.runtime.loop.deferred import deferred_attachment
+from queryloop.runtime.loop.deferred import deferred_attachment, deferred_tool_use
 from queryloop.runtime.loop.event_hooks import QueryHooks
 from queryloop.runtime.loop.events import (
     AttachmentMessage,
@@ -180,10 +180,10 @@ def failed(
     )
 
 
-def deferred(entry: CallEntry, tool_input: dict[str, Any]) -> ToolResult:
+def deferred(entry: CallEntry) -> ToolResult:
     """The answer of a call a PreToolUse hook deferred: no result, its hooks' messages then its `hook_deferred_tool`
     attachment, and the query stops after it (`tool_deferred`)."""
-    call = DeferredToolUse(id=entry.id, name=entry.block.get("name", ""), input=tool_input)
+    call = deferred_tool_use(entry.block)
     attachment = deferred_attachment(call)
     return ToolResult(
         tool_use_id=entry.id,

@@ -85,6 +85,12 @@ def abort_terminal(stream_ended: bool, used_tools: bool) -> TerminalReason:
     return "aborted_tools" if stream_ended and used_tools else "aborted_streaming"
 
 
+def tools_stopped_terminal(deferred: bool) -> TerminalReason:
+    """A turn whose tools stopped the query: the call a PreToolUse hook deferred ends it `tool_deferred`, a hook's
+    `continue: false` `hook_stopped`."""
+    return "tool_deferred" if deferred else "hook_stopped"
+
+
 def has_visible_text(messages: Sequence[AssistantMessage]) -> bool:
     """Whether a response's blocks hold a non-empty `text` block: output the user sees (thinking is not)."""
     for message in messages:

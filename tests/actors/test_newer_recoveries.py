@@ -20,6 +20,7 @@ from queryloop.runtime.loop.state import (
     TRUNCATED_RESPONSE_RECOVERY_TEXT,
 )
 from queryloop.runtime.providers.scripted import ScriptedModel
+from tests.actors.test_context_loop import SMALL_WINDOW as CONTEXT_TESTS_WINDOW
 from tests.helpers import Ran, assert_settled, consume, run_query, scripted_tool, text_reply, tool_use, tools_reply
 
 THINKING = {"type": "thinking", "thinking": "Let me think.", "signature": "sig"}
@@ -227,16 +228,7 @@ async def test_exhausted_api_retries_end_api_error_and_a_model_unavailable_model
 # -- rapid_refill_breaker ---------------------------------------------------------------------------
 
 # Autocompaction at 8,000 tokens; one "big" result (36,000 characters, about 9,000 tokens) is past it alone.
-SMALL_WINDOW: dict[str, Any] = {
-    "context_window": 10_000,
-    "max_output_tokens": 1_000,
-    "escalated_max_output_tokens": 1_000,
-    "autocompact_buffer_tokens": 1_000,
-    "warning_buffer_tokens": 7_000,
-    "blocking_buffer_tokens": 500,
-    "microcompact_keep_recent": 100,
-    "context_collapse": False,
-}
+SMALL_WINDOW: dict[str, Any] = {**CONTEXT_TESTS_WINDOW, "microcompact_keep_recent": 100, "context_collapse": False}
 TOOLS = [scripted_tool("big", result="y" * 36_000), scripted_tool("small", result="ok")]
 
 
