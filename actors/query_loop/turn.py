@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from queryloop.actors.model_caller import CallEnded, ConsumerGone, start_call
+from queryloop.actors.model_caller import CallEnded, ConsumerGone, RetryAnnounced, start_call
 from queryloop.actors.query_loop.messages import Forwarded
 from queryloop.actors.query_loop.run import (
     BudgetExceeded,
@@ -201,6 +201,8 @@ async def dispatch(loop: QueryLoop, run: Run, turn: Turn, item: Any) -> None:
         await charge_call(loop, run, turn, item)
     elif kind is Forwarded:  # a subagent's event, tagged: to the consumer only (its own log has it)
         await loop.emit(run, item.event, record=False)
+    elif kind is RetryAnnounced:  # the consumer and the log have it already
+        loop.keep(run, item.message, None, True)
     elif kind is ResponseGate:  # a call its PreToolUse hooks deferred asks how many calls the turn has
         if turn.response_closed:
             item.open(len(turn.tool_ids))
@@ -261,6 +263,8 @@ def drain_in_ending(loop: QueryLoop, run: Run, turn: Turn) -> None:
                 run.unsettled.append((run.model, usage))
         elif kind is ConsumerGone:
             run.consumer_open = False
+        elif kind is RetryAnnounced:
+            loop.keep(run, item.message, None, True)
         elif kind is ResponseGate:
             pass  # never opened: the call's work waits for the helpers' stop, which ends it
         elif kind is Forwarded:

@@ -555,6 +555,26 @@ async def test_rate_limit_retry_honours_retry_after(autojump_clock: trio.testing
         await assert_settled(ran)
 
 
+async def test_an_api_retry_announcement_comes_before_the_retried_requests_events_even_with_no_backoff(
+    tmp_path: Path,
+) -> None:
+    # With `retry-after: 0` the retry streams at the next scheduler step; trio runs that step's tasks in a random
+    # order, so an announcement that went through the loop came after the retry's first events about one time in
+    # four. Twenty queries make that order a near certainty to show.
+    path = tmp_path / "session.jsonl"
+    async with Runtime.open() as runtime:
+        scripted = ScriptedModel([{"error": "rate_limit", "retry_after_s": 0}, text_reply()] * 20)
+        session = await runtime.open_session(QueryOptions(provider=scripted), transcript=path)
+        for _ in range(20):
+            ran = await consume(session, session.query("Fix the bug"), scripted)
+            assert ran.reason == "completed"
+            assert ran.labels.index("system:api_retry") < ran.labels.index("stream_event"), ran.labels
+        on_disk = load_transcript(path).messages
+        assert on_disk == await session.transcript()  # logged once each, by the ModelCaller
+        assert sum(isinstance(m, SystemMessage) and m.subtype == "api_retry" for m in on_disk) == 20
+        await assert_settled(ran)
+
+
 async def test_image_size_error_ends_with_image_error() -> None:
     async with Runtime.open() as runtime:
         ran = await run_query(runtime, [{"error": "image_size"}])
