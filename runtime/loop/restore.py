@@ -216,6 +216,9 @@ class _Thread:
             waits = record.pop("held", False)
             if not isinstance(waits, bool):
                 return f"{kind} record skipped (held is {_shown(waits)})"
+            uuid = record.get("uuid")
+            if not isinstance(uuid, str) or not uuid:  # one made up here would differ at each load
+                return f"{kind} record skipped (no uuid)"
             try:
                 message = _messages.validate_python(record)
             except ValidationError as error:

@@ -298,9 +298,27 @@ async def test_invalid_records_are_skipped_and_reported(tmp_path: Path) -> None:
     assert loaded.session_id == "s-1"
     assert [m.content for m in loaded.messages if isinstance(m, UserMessage)] == ["hi"]
     assert loaded.problems == [
-        "line 3: corrupt user record skipped (2 invalid fields)",
+        "line 3: corrupt user record skipped (no uuid)",
         "line 4: corrupt record skipped (unknown type 'mystery')",
         "line 5: corrupt record skipped (unknown type None)",
+    ]
+
+
+async def test_a_message_record_without_a_uuid_is_skipped_so_every_load_reads_the_same_conversation(
+    tmp_path: Path,
+) -> None:
+    # Made up at each load, its uuid would differ from one load to the next: a tombstone or a
+    # `resume_session_at` naming it would miss it after a resume.
+    path = tmp_path / "t.jsonl"
+    hi = UserMessage(content="hi").model_dump(mode="json")
+    bare = {key: value for key, value in UserMessage(content="again").model_dump(mode="json").items() if key != "uuid"}
+    records = [{"type": "session", "session_id": "s-1", "version": 2}, hi, bare, {**bare, "uuid": ""}]
+    path.write_text("\n".join(json.dumps(record) for record in records) + "\n")
+    first, second = load_transcript(path), load_transcript(path)
+    assert [m.uuid for m in first.messages] == [m.uuid for m in second.messages] == [hi["uuid"]]
+    assert first.problems == [
+        "line 3: corrupt user record skipped (no uuid)",
+        "line 4: corrupt user record skipped (no uuid)",
     ]
 
 
