@@ -208,13 +208,23 @@ def _json_output(result: CommandResult, command: str) -> dict[str, Any] | None:
         msg = f"hook command {_named(command)} printed more than {CAPTURE_BYTES} bytes of JSON"
         raise CommandHookError(msg)
     try:
-        value = json.loads(result.stdout)
-    except (ValueError, RecursionError) as error:
-        msg = f"hook command {_named(command)} printed invalid JSON: {_cut(str(error), 200)}"
+        return json_object(result.stdout)
+    except ValueError as error:
+        msg = f"hook command {_named(command)} printed {error}"
         raise CommandHookError(msg) from None
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A hook's JSON output, read from its text (`continue` and `async` renamed `continue_` and `async_`, as the
+    Python SDK spells them); `ValueError` saying what is wrong when it is not a JSON object."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        msg = f"invalid JSON: {_cut(str(error), 200)}"
+        raise ValueError(msg) from None
     if not isinstance(value, dict):
-        msg = f"hook command {_named(command)} printed JSON that is not an object"
-        raise CommandHookError(msg)
+        msg = "JSON that is not an object"
+        raise ValueError(msg)  # noqa: TRY004 - a text of the wrong shape is a bad value, as invalid JSON is
     for cli_name, sdk_name in (("continue", "continue_"), ("async", "async_")):
         if cli_name in value:
             value[sdk_name] = value.pop(cli_name)
@@ -301,7 +311,7 @@ def command_hook_matcher(
     event's hook runs only for the calls the rule matches (`condition_holds`)."""
     callback = command_hook(command, event=event, timeout_s=timeout_s, project_dir=project_dir)
     if condition is not None:
-        callback = _when(condition, callback, project_dir)
+        callback = when_rule_holds(condition, callback, project_dir)
     return HookMatcher(matcher=matcher, hooks=[callback], timeout=timeout_s + KILL_GRACE_S + MATCHER_MARGIN_S)
 
 
@@ -321,11 +331,13 @@ def condition_holds(rule: PermissionRule, input_data: dict[str, Any], cwd: Path)
     return rule_matches(rule, tool_name, tool_input, cwd=cwd)
 
 
-def _when(rule: PermissionRule, callback: HookCallback, cwd: Path) -> HookCallback:
+def when_rule_holds(rule: PermissionRule, callback: HookCallback, cwd: Path) -> HookCallback:
+    """`callback`, run only when a handler's `if` holds for the event (`condition_holds`)."""
+
     async def conditional(input_data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
         if not condition_holds(rule, dict(input_data), cwd):
             return {}
         return await callback(input_data, tool_use_id, context)
 
-    conditional.__qualname__ = getattr(callback, "__qualname__", "command_hook")
+    conditional.__qualname__ = getattr(callback, "__qualname__", "hook")
     return conditional

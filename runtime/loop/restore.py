@@ -191,6 +191,18 @@ def _malformed_block(message: TranscriptMessage) -> str | None:
     return None
 
 
+def _message_of(record: dict[str, Any]) -> TranscriptMessage | str:
+    """A message record read, or why it cannot be."""
+    uuid = record.get("uuid")
+    if not isinstance(uuid, str) or not uuid:  # one made up here would differ at each load
+        return "no uuid"
+    try:
+        message: TranscriptMessage = _messages.validate_python(record)
+    except ValidationError as error:
+        return f"{error.error_count()} invalid fields"
+    return _malformed_block(message) or message
+
+
 @dataclass(slots=True)
 class _Thread:
     """One conversation being read (the main one or a sidechain): its messages, its held ones."""
@@ -216,16 +228,9 @@ class _Thread:
             waits = record.pop("held", False)
             if not isinstance(waits, bool):
                 return f"{kind} record skipped (held is {_shown(waits)})"
-            uuid = record.get("uuid")
-            if not isinstance(uuid, str) or not uuid:  # one made up here would differ at each load
-                return f"{kind} record skipped (no uuid)"
-            try:
-                message = _messages.validate_python(record)
-            except ValidationError as error:
-                return f"{kind} record skipped ({error.error_count()} invalid fields)"
-            malformed = _malformed_block(message)
-            if malformed is not None:
-                return f"{kind} record skipped ({malformed})"
+            message = _message_of(record)
+            if isinstance(message, str):
+                return f"{kind} record skipped ({message})"
             if isinstance(message, AssistantMessage):
                 for tool_id in tool_use_ids([message]):
                     self.tool_use_lines.setdefault(tool_id, number)

@@ -15,9 +15,11 @@
   is not UTF-8 JSON, is not an object or has a known key of the wrong type is a `SettingsError` naming the
   file and the key (`hooks.PreToolUse[0].hooks[1].timeout must be a positive number`). Unknown keys are
   ignored (Claude Code has many); hooks for an event the loop never fires (`LOOP_EVENTS`), handlers of
-  another type than `command` (`http`, `prompt`, `agent`, `mcp_tool`) and `async` ones are skipped with a
-  logged warning, since they cannot be run as written. A handler's `if` (one permission rule) filters the
-  tool calls it runs for (`command_hooks.condition_holds`); one that is not a rule is a `SettingsError`.
+  another type than `command` and `http` (`prompt`, `agent`, `mcp_tool`) and `async` ones are skipped with a
+  logged warning, since they cannot be run as written. An http hook's url must be an http(s) url
+  (`http_hooks.target_of`) and its headers may not set the request's framing. A handler's `if` (one
+  permission rule) filters the tool calls it runs for (`command_hooks.condition_holds`); one that is not a
+  rule is a `SettingsError`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from queryloop.runtime.loop.command_hooks import COMMAND_TIMEOUT_S, command_hook_matcher
+from queryloop.runtime.loop.http_hooks import (
+    FRAMING_HEADERS,
+    HTTP_TIMEOUT_S,
+    HttpHookError,
+    http_hook_matcher,
+    target_of,
+)
 from queryloop.runtime.loop.permissions import PermissionRule, parse_rule
 from queryloop.runtime.loop.sdk_hooks import HookMatcher
 
@@ -100,7 +109,7 @@ class PermissionSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """What the chosen sources say: hooks by event (command hooks as `HookMatcher`s), permissions, and the
+    """What the chosen sources say: hooks by event (command and http hooks as `HookMatcher`s), permissions, and the
     sources read (lowest first; `"inline"` for inline JSON)."""
 
     hooks: dict[str, list[HookMatcher]] = field(default_factory=dict)
@@ -117,16 +126,36 @@ class _Handler(BaseModel):
 
     type: Literal["command", "http", "prompt", "agent", "mcp_tool"]
     command: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = {}
+    allowedEnvVars: list[str] = []
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     if_: str | None = Field(default=None, alias="if")
     async_: bool = Field(default=False, alias="async")
 
     @model_validator(mode="after")
-    def _a_command_has_one(self) -> _Handler:
+    def _what_its_type_needs(self) -> _Handler:
         if self.type == "command" and not (self.command or "").strip():
             msg = "a command hook needs a non-empty command"
             raise ValueError(msg)
+        if self.type == "http":
+            if not (self.url or "").strip():
+                msg = "an http hook needs a non-empty url"
+                raise ValueError(msg)
+            try:
+                target_of(self.url or "")
+            except HttpHookError as error:
+                raise ValueError(str(error)) from None
+            framing = sorted(name for name in self.headers if name.lower() in FRAMING_HEADERS)
+            if framing:
+                msg = f"an http hook may not set the header {framing[0]!r}: the request's framing sets it"
+                raise ValueError(msg)
         return self
+
+    @property
+    def identity(self) -> str:
+        """What makes two handlers of an event and matcher the same one (run once): the command or the url."""
+        return (self.command if self.type == "command" else self.url) or ""
 
 
 class _MatcherGroup(BaseModel):
@@ -278,10 +307,10 @@ def _flag_layer(settings: str | Path, cwd: Path) -> _Layer:
 def _runnable(handler: _Handler, event: str, shown: str) -> bool:
     """Whether a handler can run here; the reason it cannot is logged."""
     why = None
-    if handler.type != "command":
-        why = f"{handler.type!r} hooks are not supported (only 'command')"
+    if handler.type not in ("command", "http"):
+        why = f"{handler.type!r} hooks are not supported (only 'command' and 'http')"
     elif handler.async_:
-        why = "'async' command hooks are not supported yet"
+        why = "'async' hooks are not supported yet"
     if why is not None:
         logger.warning("{}: a {} hook is skipped: {}", shown, event, why)
     return why is None
@@ -299,7 +328,7 @@ def _layer_hooks(
             for handler in group.hooks:
                 if not _runnable(handler, event, layer.shown):
                     continue
-                key = (event, group.matcher or "*", handler.command or "")
+                key = (event, group.matcher or "*", handler.identity)
                 if key not in seen:
                     seen.add(key)
                     entries.append((event, group.matcher, handler, _condition(handler, layer, event, cwd)))
@@ -312,18 +341,31 @@ def _hooks(layers: Sequence[_Layer], project_dir: Path) -> dict[str, list[HookMa
     hooks: dict[str, list[HookMatcher]] = {}
     for entries in reversed(per_layer):
         for event, matcher, handler, condition in entries:
-            timeout_s = handler.timeout or COMMAND_TIMEOUT_S
-            hooks.setdefault(event, []).append(
-                command_hook_matcher(
-                    matcher,
-                    handler.command or "",
-                    event=event,
-                    timeout_s=timeout_s,
-                    project_dir=project_dir,
-                    condition=condition,
-                )
-            )
+            hooks.setdefault(event, []).append(_matcher(event, matcher, handler, condition, project_dir))
     return hooks
+
+
+def _matcher(
+    event: str, matcher: str | None, handler: _Handler, condition: PermissionRule | None, project_dir: Path
+) -> HookMatcher:
+    if handler.type == "http":
+        return http_hook_matcher(
+            matcher,
+            handler.url or "",
+            headers=handler.headers,
+            allowed_env_vars=handler.allowedEnvVars,
+            timeout_s=handler.timeout or HTTP_TIMEOUT_S,
+            condition=condition,
+            project_dir=project_dir,
+        )
+    return command_hook_matcher(
+        matcher,
+        handler.command or "",
+        event=event,
+        timeout_s=handler.timeout or COMMAND_TIMEOUT_S,
+        project_dir=project_dir,
+        condition=condition,
+    )
 
 
 def _condition(handler: _Handler, layer: _Layer, event: str, cwd: Path) -> PermissionRule | None:

@@ -211,10 +211,13 @@ def test_hooks_of_other_types_are_skipped_with_a_warning(
         {"type": "agent", "prompt": "Check it"},
         {"type": "mcp_tool", "server": "s", "tool": "t"},
         {"type": "command", "command": "echo kept"},
+        {"type": "http", "url": "https://example.com/hook"},  # the same url again: run once
     ]
     write(folders[0] / ".claude" / "settings.json", {"hooks": {"Stop": [{"hooks": handlers}]}})
-    assert commands(load(folders), "Stop") == ["command_hook('echo kept')"]
-    assert len(warnings(logged)) == 4 and all("only 'command'" in warning for warning in warnings(logged))
+    kept = ["http_hook('https://example.com/hook')", "command_hook('echo kept')"]
+    assert commands(load(folders), "Stop") == kept
+    said = warnings(logged)
+    assert len(said) == 3 and all("only 'command' and 'http'" in warning for warning in said)
 
 
 def test_async_hooks_are_skipped_with_a_warning(folders: tuple[Path, Path], logged: list[dict[str, Any]]) -> None:
