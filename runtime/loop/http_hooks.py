@@ -167,7 +167,11 @@ async def _connect(target: Target, addresses: list[str]) -> trio.abc.Stream:
     if not target.https:
         return stream
     tls = trio.SSLStream(stream, ssl.create_default_context(), server_hostname=target.host, https_compatible=True)
-    await tls.do_handshake()
+    try:
+        await tls.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(stream)  # a refused certificate, or a cancellation: the socket closes now
+        raise
     return tls
 
 
@@ -216,7 +220,8 @@ async def post(url: str, body: bytes, headers: Sequence[tuple[str, str]], *, tim
             async with stream:
                 return await _exchange(stream, request, body)
         except (OSError, ssl.SSLError, trio.BrokenResourceError, h11.ProtocolError) as error:
-            msg = f"http hook url {_shown(url)}: the request failed: {type(error).__name__}: {error}"
+            cause = error.__cause__ or error  # trio's BrokenResourceError carries the TLS error as its cause
+            msg = f"http hook url {_shown(url)}: the request failed: {type(cause).__name__}: {cause}"
             raise HttpHookError(msg) from None
     msg = f"http hook url {_shown(url)} timed out after {timeout_s:g} s"
     raise HttpHookError(msg)

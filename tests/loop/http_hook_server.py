@@ -1,8 +1,9 @@
 """A policy server for the http hook tests: a Starlette app on a real uvicorn, run as its own process.
 
-`python -m tests.loop.http_hook_server LOG` serves on 127.0.0.1 at a port of the system's choosing, prints
-that port on a line of its own once it listens, and appends each request it gets to LOG as a JSON line
-(`path`, `headers`, `body`). Its routes answer as a hook's server may:
+`python -m tests.loop.http_hook_server LOG [PEM]` serves on 127.0.0.1 at a port of the system's choosing (over
+TLS with PEM's key and certificate chain, if given), prints that port on a line of its own once it listens,
+and appends each request it gets to LOG as a JSON line (`path`, `headers`, `body`). Its routes answer as a
+hook's server may:
 
 - `/decide/{decision}`: a PreToolUse decision (`allow`, `deny`, `ask`, `defer`) with a reason;
 - `/context`: additionalContext naming the `x-team` and `x-token` headers it got;
@@ -96,7 +97,11 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     print(sock.getsockname()[1], flush=True)
-    server = uvicorn.Server(uvicorn.Config(app(Path(sys.argv[1])), log_level="warning", timeout_graceful_shutdown=1))
+    pem = sys.argv[2] if len(sys.argv) > 2 else None
+    config = uvicorn.Config(
+        app(Path(sys.argv[1])), log_level="warning", timeout_graceful_shutdown=1, ssl_keyfile=pem, ssl_certfile=pem
+    )
+    server = uvicorn.Server(config)
     server.run(sockets=[sock])
 
 

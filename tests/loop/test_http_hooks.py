@@ -8,11 +8,13 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trustme
 
 from queryloop import Runtime
 from queryloop.runtime.loop.events import SystemMessage
@@ -41,13 +43,13 @@ from tests.helpers import (
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """The policy server's base url and its request log."""
-    log = tmp_path_factory.mktemp("http-hooks") / "requests.jsonl"
+@contextmanager
+def serving(folder: Path, pem: Path | None = None) -> Iterator[tuple[str, Path]]:
+    """A policy server's base url and its request log (https with `pem`'s key and certificate chain)."""
+    log = folder / "requests.jsonl"
     log.touch()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.loop.http_hook_server", str(log)],
+        [sys.executable, "-m", "tests.loop.http_hook_server", str(log), *([str(pem)] if pem else [])],
         cwd=TESTS.parent,
         stdout=subprocess.PIPE,
         text=True,
@@ -55,12 +57,29 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     try:
         assert process.stdout is not None
         port = int(process.stdout.readline())  # printed once the socket listens: connections wait in its backlog
-        yield f"http://127.0.0.1:{port}", log
+        yield f"{'https' if pem else 'http'}://127.0.0.1:{port}", log
     finally:
         process.terminate()
         process.wait(timeout=30)
         assert process.stdout is not None
         process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    with serving(tmp_path_factory.mktemp("http-hooks")) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Path]]:
+    """An https policy server whose certificate a test CA signed: its url, log and the CA's certificate."""
+    folder = tmp_path_factory.mktemp("https-hooks")
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(folder / "server.pem"))
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    with serving(folder, folder / "server.pem") as (url, log):
+        yield url, log, folder / "ca.pem"
 
 
 def requests(log: Path, path: str) -> list[dict[str, Any]]:
@@ -74,7 +93,7 @@ def hook_errors(ran: Ran) -> list[str]:
 
 async def run_write(tmp_path: Path, handler: dict[str, Any], log: ToolLog | None = None, **options: Any) -> Ran:
     """One `write` call (t1) under a project settings file whose PreToolUse hook is `handler`."""
-    (tmp_path / ".claude").mkdir(exist_ok=True)
+    (tmp_path / ".claude").mkdir(parents=True, exist_ok=True)
     settings = {"hooks": {"PreToolUse": [{"matcher": "write", "hooks": [handler]}]}}
     (tmp_path / ".claude" / "settings.json").write_text(json.dumps(settings))
     async with Runtime.open() as runtime:
@@ -207,6 +226,22 @@ async def test_an_if_rule_keeps_an_http_hook_to_the_calls_it_matches(server: tup
     ran = await run_write(tmp_path, handler, tools)
     assert tools.order == ["t1"] and requests(log, "/decide/ask") == []  # notes.md is not under secrets/
     assert ran.reason == "completed"
+
+
+async def test_an_https_hooks_certificate_is_verified_for_its_host(
+    tls_server: tuple[str, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, log, ca = tls_server
+    tools = ToolLog()
+    ran = await run_write(tmp_path / "untrusted", {"type": "http", "url": f"{base}/decide/deny"}, tools)
+    assert tools.order == ["t1"] and requests(log, "/decide/deny") == []  # no request over an unverified link
+    (error,) = hook_errors(ran)
+    assert "CERTIFICATE_VERIFY_FAILED" in error
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # the system's trust store, as OpenSSL reads it: now the test CA
+    tools = ToolLog()
+    ran = await run_write(tmp_path / "trusted", {"type": "http", "url": f"{base}/decide/deny"}, tools)
+    assert tools.order == [] and "the policy server says deny" in str(ran.tool_results()["t1"]["content"])
+    assert len(requests(log, "/decide/deny")) == 1
 
 
 # Where a hook may connect: Claude Code's guard against a project's settings reaching inside the network.
