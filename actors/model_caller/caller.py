@@ -318,10 +318,8 @@ class ModelCaller(TrioActor):
             content=f"API error ({error.kind}); retrying in {delay:.1f}s (attempt {attempt}/{call.max_retries})",
             data={"attempt": attempt, "delay_s": delay, "kind": error.kind},
         )
-        if not call.progress.cut:
-            if call.transcript is not None:
-                call.transcript.append(message)  # before the consumer can take it (`_hand_over`'s order)
-            await self._emit(call, message)
+        if not call.progress.cut:  # as a block's message is handed over: no checkpoint from here to the loop's push
+            self._show(call, message)
             call.sink.push(RetryAnnounced(message=message))
         await trio.sleep(delay)
 
@@ -339,6 +337,17 @@ class ModelCaller(TrioActor):
         # two. So the message waits neither for the consumer nor for the loop (`push`: one per block past each
         # bound, while its stream events wait): a consumer must not hold a tool_use the loop has not seen,
         # which no abort would answer.
+        self._show(call, shown)
+        call.sink.push(message)  # as the model wrote it: the conversation goes back to the API byte for byte
+        # The message goes first: a tool is only ever started for a block the loop has seen.
+        if is_tool and self.executor is not None:
+            self.executor.tell(add_tool(block=block, turn=call.turn, input_error=completed.input_error))
+
+    @staticmethod
+    def _show(call: StartCall, shown: Any) -> None:
+        """`shown` to the log, then to the consumer now, past its bound (one a block or a retry).
+        No checkpoint: with the loop's push that follows, the consumer and the conversation both have it, or
+        neither does (an abort cannot come between)."""
         progress, log = call.progress, call.transcript
         if log is not None:
             log.append(shown)  # before the push: the consumer's handle writes the buffer before it takes an event
@@ -348,10 +357,6 @@ class ModelCaller(TrioActor):
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 progress.consumer_gone = True
                 call.sink.push(ConsumerGone())  # once a call
-        call.sink.push(message)  # as the model wrote it: the conversation goes back to the API byte for byte
-        # The message goes first: a tool is only ever started for a block the loop has seen.
-        if is_tool and self.executor is not None:
-            self.executor.tell(add_tool(block=block, turn=call.turn, input_error=completed.input_error))
 
     async def _emit(self, call: StartCall, event: Any) -> None:
         """To the query's consumer; waits if it is slow. A consumer gone is reported to the loop, once."""

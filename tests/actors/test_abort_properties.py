@@ -784,7 +784,38 @@ async def _run_slow(slow: SlowConsumerCase) -> tuple[Observed, set[str]]:
     return observed, {m.uuid for m in observed.transcript} - {prompt_uuid}
 
 
+# Found by the nightly profile: the abort came while a retry's `system:api_retry` waited for the slow consumer,
+# which took it after the query's ending had drained the turn; the conversation never did.
+ABORT_WHILE_A_RETRY_IS_ANNOUNCED = SlowConsumerCase(
+    case=Case(
+        script=(
+            {
+                "content": [
+                    {"type": "text", "text": "Using tools (0)."},
+                    {"type": "tool_use", "id": "toolu_0_0", "name": "alpha", "input": {"step": 0, "n": 0}},
+                    {"type": "tool_use", "id": "toolu_0_1", "name": "alpha", "input": {"step": 0, "n": 1}},
+                ],
+                "stop_reason": "tool_use",
+                "latency_ms": 0,
+            },
+            {"error": "overloaded", "latency_ms": 430},
+            _text("the final answer"),
+        ),
+        tools=(
+            ToolSpec(name="alpha", latency_s=0.0, safe=False, failure=None),
+            ToolSpec(name="beta", latency_s=0.0, safe=False, failure=None),
+            ToolSpec(name="gamma", latency_s=0.0, safe=False, failure=None),
+        ),
+        max_retries=1,
+        abort=AbortAt(offset_s=9.0, reason="user"),
+    ),
+    event_buffer=1,
+    read_delay_ms=429,
+)
+
+
 @PROFILE
+@example(slow=ABORT_WHILE_A_RETRY_IS_ANNOUNCED)
 @given(slow=slow_consumer_cases)
 def test_a_slow_consumer_sees_what_the_conversation_holds_whenever_the_abort_comes(slow: SlowConsumerCase) -> None:
     """Backpressure everywhere: the stream waits for the consumer, the abort comes at any of those waits."""
