@@ -346,3 +346,18 @@ async def test_a_header_value_that_would_split_the_request_is_refused_before_any
     assert len(requests(log, "/empty")) == before
     await post(f"{base}/empty", b"{}", [("Content-Type", "application/x-hook")], timeout_s=30)
     assert requests(log, "/empty")[-1]["headers"]["content-type"] == "application/x-hook"  # the hook's own
+
+
+async def test_a_server_that_closes_the_connection_without_answering_is_a_clear_error() -> None:
+    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+
+    async def read_then_close() -> None:
+        stream = await listener.accept()
+        await stream.receive_some(64 * 1024)
+        await stream.aclose()
+
+    async with listener, trio.open_nursery() as nursery:
+        nursery.start_soon(read_then_close)
+        with pytest.raises(HttpHookError, match="the request failed: ConnectionError: the connection closed without"):
+            await post(f"http://127.0.0.1:{port}/hook", b"{}", [], timeout_s=30)
