@@ -310,9 +310,19 @@ def command_hook_matcher(
     kill grace (`MATCHER_MARGIN_S`). With a `condition` (the handler's `if`, one permission rule), a tool
     event's hook runs only for the calls the rule matches (`condition_holds`)."""
     callback = command_hook(command, event=event, timeout_s=timeout_s, project_dir=project_dir)
+    deadline_s = timeout_s + KILL_GRACE_S + MATCHER_MARGIN_S
+    return handler_matcher(matcher, callback, deadline_s=deadline_s, condition=condition, cwd=project_dir)
+
+
+def handler_matcher(
+    matcher: str | None, callback: HookCallback, *, deadline_s: float, condition: PermissionRule | None, cwd: Path
+) -> HookMatcher:
+    """A settings handler's callback (a command's, an http hook's) in a `HookMatcher` of its own, whose deadline
+    (`deadline_s`) the caller sets past the handler's own timeout, so the handler's own error is the one reported.
+    With a `condition` (the handler's `if`), a tool event's hook runs only for the calls it matches."""
     if condition is not None:
-        callback = when_rule_holds(condition, callback, project_dir)
-    return HookMatcher(matcher=matcher, hooks=[callback], timeout=timeout_s + KILL_GRACE_S + MATCHER_MARGIN_S)
+        callback = _when(condition, callback, cwd)
+    return HookMatcher(matcher=matcher, hooks=[callback], timeout=deadline_s)
 
 
 def condition_holds(rule: PermissionRule, input_data: dict[str, Any], cwd: Path) -> bool:
@@ -331,9 +341,7 @@ def condition_holds(rule: PermissionRule, input_data: dict[str, Any], cwd: Path)
     return rule_matches(rule, tool_name, tool_input, cwd=cwd)
 
 
-def when_rule_holds(rule: PermissionRule, callback: HookCallback, cwd: Path) -> HookCallback:
-    """`callback`, run only when a handler's `if` holds for the event (`condition_holds`)."""
-
+def _when(rule: PermissionRule, callback: HookCallback, cwd: Path) -> HookCallback:
     async def conditional(input_data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
         if not condition_holds(rule, dict(input_data), cwd):
             return {}

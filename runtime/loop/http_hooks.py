@@ -27,16 +27,14 @@ import re
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import h11
 import trio
 
-from queryloop.runtime.loop.command_hooks import CAPTURE_BYTES, MATCHER_MARGIN_S, json_object, when_rule_holds
-from queryloop.runtime.loop.permissions import PermissionRule
-from queryloop.runtime.loop.sdk_hooks import HookCallback, HookContext, HookInput, HookJSONOutput, HookMatcher
+from queryloop.runtime.loop.command_hooks import CAPTURE_BYTES, json_object
+from queryloop.runtime.loop.sdk_hooks import HookCallback, HookContext, HookInput, HookJSONOutput
 
 HTTP_TIMEOUT_S = 600.0
 """How long an http hook may take when its settings give no `timeout` (Claude Code's default)."""
@@ -286,22 +284,3 @@ def http_hook(
 
     run.__name__ = run.__qualname__ = f"http_hook({_shown(url)})"
     return run
-
-
-def http_hook_matcher(
-    matcher: str | None,
-    url: str,
-    *,
-    headers: Mapping[str, str] | None = None,
-    allowed_env_vars: Sequence[str] = (),
-    timeout_s: float = HTTP_TIMEOUT_S,
-    condition: PermissionRule | None = None,
-    project_dir: Path,
-) -> HookMatcher:
-    """A `HookMatcher` holding one http hook, with a matcher deadline past the hook's own timeout (so the hook's
-    own error, naming its url, is the one reported). A `condition` (the handler's `if`) filters a tool event's
-    calls as a command hook's does (`command_hooks.condition_holds`)."""
-    callback = http_hook(url, headers=headers, allowed_env_vars=allowed_env_vars, timeout_s=timeout_s)
-    if condition is not None:
-        callback = when_rule_holds(condition, callback, project_dir)
-    return HookMatcher(matcher=matcher, hooks=[callback], timeout=timeout_s + MATCHER_MARGIN_S)

@@ -35,12 +35,17 @@ from typing import Annotated, Any, Literal
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from queryloop.runtime.loop.command_hooks import COMMAND_TIMEOUT_S, command_hook_matcher
+from queryloop.runtime.loop.command_hooks import (
+    COMMAND_TIMEOUT_S,
+    MATCHER_MARGIN_S,
+    command_hook_matcher,
+    handler_matcher,
+)
 from queryloop.runtime.loop.http_hooks import (
     FRAMING_HEADERS,
     HTTP_TIMEOUT_S,
     HttpHookError,
-    http_hook_matcher,
+    http_hook,
     target_of,
 )
 from queryloop.runtime.loop.permissions import PermissionRule, parse_rule
@@ -349,15 +354,12 @@ def _matcher(
     event: str, matcher: str | None, handler: _Handler, condition: PermissionRule | None, project_dir: Path
 ) -> HookMatcher:
     if handler.type == "http":
-        return http_hook_matcher(
-            matcher,
-            handler.url or "",
-            headers=handler.headers,
-            allowed_env_vars=handler.allowedEnvVars,
-            timeout_s=handler.timeout or HTTP_TIMEOUT_S,
-            condition=condition,
-            project_dir=project_dir,
+        timeout_s = handler.timeout or HTTP_TIMEOUT_S
+        callback = http_hook(
+            handler.url or "", headers=handler.headers, allowed_env_vars=handler.allowedEnvVars, timeout_s=timeout_s
         )
+        deadline_s = timeout_s + MATCHER_MARGIN_S
+        return handler_matcher(matcher, callback, deadline_s=deadline_s, condition=condition, cwd=project_dir)
     return command_hook_matcher(
         matcher,
         handler.command or "",

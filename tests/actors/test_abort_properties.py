@@ -103,6 +103,14 @@ class ToolSpec:
     failure: Failure
 
 
+def unsafe_tools(**latency_s: float) -> tuple[ToolSpec, ...]:
+    """A spec per name of `TOOL_NAMES`, none of them concurrency-safe or failing, each with its latency (0 unless
+    given): the explicit examples' tools."""
+    return tuple(
+        ToolSpec(name=name, latency_s=latency_s.get(name, 0.0), safe=False, failure=None) for name in TOOL_NAMES
+    )
+
+
 @dataclass(frozen=True)
 class AbortAt:
     offset_s: float
@@ -635,11 +643,7 @@ ABORT_AS_A_QUEUED_TOOL_STARTS = Case(
         },
         {"content": [{"type": "text", "text": "the final answer"}], "stop_reason": "end_turn", "latency_ms": 0},
     ),
-    tools=(
-        ToolSpec(name="alpha", latency_s=0.0, safe=False, failure=None),
-        ToolSpec(name="beta", latency_s=0.0, safe=False, failure=None),
-        ToolSpec(name="gamma", latency_s=2.0, safe=False, failure=None),
-    ),
+    tools=unsafe_tools(gamma=2.0),
     max_retries=0,
     abort=AbortAt(offset_s=2.0, reason="user"),
 )
@@ -689,11 +693,7 @@ SHRUNK = Case(
         },
         _text("the final answer"),
     ),
-    tools=(
-        ToolSpec(name="alpha", latency_s=0.0, safe=False, failure=None),
-        ToolSpec(name="beta", latency_s=0.0, safe=False, failure=None),
-        ToolSpec(name="gamma", latency_s=0.001, safe=False, failure=None),
-    ),
+    tools=unsafe_tools(gamma=0.001),
     max_retries=0,
     abort=None,
 )
@@ -713,11 +713,7 @@ READABLE = Case(
         },
         _text("the final answer"),
     ),
-    tools=(
-        ToolSpec(name="alpha", latency_s=0.5, safe=False, failure=None),
-        ToolSpec(name="beta", latency_s=0.0, safe=False, failure=None),
-        ToolSpec(name="gamma", latency_s=2.0, safe=False, failure=None),
-    ),
+    tools=unsafe_tools(alpha=0.5, gamma=2.0),
     max_retries=0,
     abort=None,
 )
@@ -801,11 +797,7 @@ ABORT_WHILE_A_RETRY_IS_ANNOUNCED = SlowConsumerCase(
             {"error": "overloaded", "latency_ms": 430},
             _text("the final answer"),
         ),
-        tools=(
-            ToolSpec(name="alpha", latency_s=0.0, safe=False, failure=None),
-            ToolSpec(name="beta", latency_s=0.0, safe=False, failure=None),
-            ToolSpec(name="gamma", latency_s=0.0, safe=False, failure=None),
-        ),
+        tools=unsafe_tools(),
         max_retries=1,
         abort=AbortAt(offset_s=9.0, reason="user"),
     ),
